@@ -1,0 +1,104 @@
+/*
+ * common.h - internal declarations shared by the core's C files: the context
+ * struct, the team of communicators each thread uses, and the one error-check
+ * macro that every MPI call goes through.
+ */
+#ifndef HPCDL_COMMON_H
+#define HPCDL_COMMON_H
+
+#include <pthread.h>
+#include <stdio.h>
+#include "hpcdl.h"
+
+// ----------------------------------------------------------------------------
+// errors: every MPI call is checked here; the message names the call, the
+// rank, the place and a hint, and the caller gets HPCDL_ERR_MPI back.
+
+int hpcdl_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int hpcdl_mpi_fail(int mpi_rc, const char *call, const char *file, int line);
+
+#define MPI_CHECK(call)                                                        \
+    do {                                                                       \
+        int mpi_rc_ = (call);                                                  \
+        if (mpi_rc_ != MPI_SUCCESS)                                            \
+            return hpcdl_mpi_fail(mpi_rc_, #call, __FILE__, __LINE__);         \
+    } while (0)
+
+// Propagates an hpcdl error code (message already set by the callee).
+#define HPCDL_TRY(call)                                                        \
+    do {                                                                       \
+        int hp_rc_ = (call);                                                   \
+        if (hp_rc_ != HPCDL_OK) return hp_rc_;                                 \
+    } while (0)
+
+// ----------------------------------------------------------------------------
+// a team: the communicators one thread uses. The caller's thread and the
+// engine thread each own one, duplicated from the user's communicator, so
+// their messages can never match each other's or the user's.
+
+typedef struct hpcdl_shm hpcdl_shm;
+
+typedef struct {
+    MPI_Comm world;     // all ranks
+    MPI_Comm local;     // ranks of this (possibly virtual) node
+    MPI_Comm cross;     // ranks with the same local rank, one per node
+    int rank, size;
+    int local_rank, local_size;
+    int cross_rank, cross_size;
+    int uniform;        // 1 if every node has the same local_size
+    hpcdl_shm *shm;     // node shared-memory segment; NULL when local_size == 1
+    size_t chunk_bytes; // ring pipelining chunk
+} hpcdl_team;
+
+typedef struct hpcdl_engine hpcdl_engine;
+
+struct hpcdl_ctx {
+    hpcdl_team main;          // used by blocking calls on the caller's thread
+    hpcdl_team eng;           // used only by the engine thread
+    int check;                // 1: agreement check before every collective
+    int thread_multiple;      // MPI granted MPI_THREAD_MULTIPLE
+    pthread_mutex_t mpi_lock; // serialises MPI between threads when it did not
+    hpcdl_engine *engine;
+};
+
+// ----------------------------------------------------------------------------
+// building blocks (each is collective over the team's communicators)
+
+int hpcdl_team_create(hpcdl_team *t, MPI_Comm comm, int local_size);
+int hpcdl_team_free(hpcdl_team *t);
+
+int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
+                      int nsig, const char *const *names);
+
+int hpcdl_ring_allreduce(hpcdl_team *t, MPI_Comm comm, const void *send, void *recv,
+                         size_t count, hpcdl_dtype dtype, hpcdl_op op);
+int hpcdl_ring_reduce_scatter(hpcdl_team *t, MPI_Comm comm, const void *send,
+                              void *recv, const size_t *counts, hpcdl_dtype dtype,
+                              hpcdl_op op);
+int hpcdl_ring_allgatherv(hpcdl_team *t, MPI_Comm comm, const void *send, void *recv,
+                          const size_t *counts, hpcdl_dtype dtype);
+int hpcdl_ring_broadcast(hpcdl_team *t, MPI_Comm comm, void *buf, size_t count,
+                         hpcdl_dtype dtype, int root);
+
+int hpcdl_shm_create(hpcdl_team *t);
+void hpcdl_shm_free(hpcdl_team *t);
+int hpcdl_hier_allreduce(hpcdl_team *t, const void *send, void *recv, size_t count,
+                         hpcdl_dtype dtype, hpcdl_op op);
+
+int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send,
+                             void *recv, size_t count, hpcdl_dtype dtype, hpcdl_op op,
+                             hpcdl_algo algo, hpcdl_algo *used);
+
+MPI_Datatype hpcdl_mpi_dtype(hpcdl_dtype dtype);
+int hpcdl_mpi_op(hpcdl_dtype dtype, hpcdl_op op, MPI_Op *out);
+
+// Balanced split of count elements into n blocks: block i starts at
+// hpcdl_block_start(count, n, i) and ends at hpcdl_block_start(count, n, i + 1).
+static inline size_t hpcdl_block_start(size_t count, int n, int i) {
+    size_t q = count / (size_t)n, r = count % (size_t)n;
+    return (size_t)i * q + ((size_t)i < r ? (size_t)i : r);
+}
+
+static inline int hpcdl_mod(int a, int n) { return ((a % n) + n) % n; }
+
+#endif // HPCDL_COMMON_H

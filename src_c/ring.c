@@ -1,0 +1,261 @@
+/*
+ * ring.c - bandwidth-optimal ring collectives over MPI point-to-point
+ * (Patarasuk & Yuan 2009), pipelined in chunks.
+ *
+ * N ranks in a ring, rank r sends to r+1 and receives from r-1. The buffer is
+ * cut into N blocks (block i = [off[i], off[i+1])).
+ *
+ *   reduce-scatter, steps s = 0 .. N-2:
+ *       send block (r - s - 1), receive block (r - s - 2) and reduce it with
+ *       this rank's own contribution; after N-1 steps rank r holds the fully
+ *       reduced block r.
+ *   all-gather, steps s = 0 .. N-2:
+ *       send block (r - s), receive block (r - s - 1) into place.
+ *
+ *       step 0 of reduce-scatter, N = 4 (a,b,c,d = blocks 0..3):
+ *         r0 --d--> r1 --a--> r2 --b--> r3 --c--> r0
+ *
+ * Cost: 2(N-1) steps of M/N bytes: each rank sends 2(N-1)/N * M bytes, the
+ * bandwidth optimum; time ~ 2(N-1)*alpha + 2(N-1)/N * M * beta.
+ *
+ * Inside a step each block travels as chunks of chunk_bytes: the reduction of
+ * chunk k runs while chunk k+1 is on the wire (double-buffered receive).
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common.h"
+
+enum { TAG_RS = 7301, TAG_AG = 7302, TAG_BC = 7303 };
+
+// ----------------------------------------------------------------------------
+// one step: send sn bytes to `to` while receiving rn bytes from `from`.
+// Received chunks land in dst; with own != NULL they are combined instead:
+// dst = received op own. Chunks are element-aligned.
+
+typedef struct {
+    MPI_Comm comm;
+    int to, from, tag;
+    hpcdl_dtype dtype;
+    hpcdl_op op;
+    size_t chunk;      // bytes per chunk, a multiple of the element size
+    char *tmp[2];      // two chunk-sized receive buffers (only when reducing)
+} step_args;
+
+static int ring_step(const step_args *a, const char *src, size_t sn, char *dst,
+                     size_t rn, const char *own) {
+    size_t esz = hpcdl_dtype_size(a->dtype);
+    size_t ns = (sn + a->chunk - 1) / a->chunk, nr = (rn + a->chunk - 1) / a->chunk;
+    size_t nk = ns > nr ? ns : nr;
+    MPI_Request rq[2][2] = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL},
+                            {MPI_REQUEST_NULL, MPI_REQUEST_NULL}}; // [k%2][send,recv]
+    for (size_t k = 0; k <= nk; k++) {
+        // post chunk k (so it flies while chunk k-1 is reduced below)
+        if (k < nk) {
+            size_t so = k * a->chunk, ro = k * a->chunk;
+            if (so < sn) {
+                int len = (int)(sn - so < a->chunk ? sn - so : a->chunk);
+                MPI_CHECK(MPI_Isend(src + so, len, MPI_BYTE, a->to, a->tag, a->comm,
+                                    &rq[k % 2][0]));
+            }
+            if (ro < rn) {
+                int len = (int)(rn - ro < a->chunk ? rn - ro : a->chunk);
+                char *into = own ? a->tmp[k % 2] : dst + ro;
+                MPI_CHECK(MPI_Irecv(into, len, MPI_BYTE, a->from, a->tag, a->comm,
+                                    &rq[k % 2][1]));
+            }
+        }
+        // finish chunk k-1: reduce it while chunk k is in flight
+        if (k > 0) {
+            size_t j = k - 1, ro = j * a->chunk;
+            MPI_CHECK(MPI_Wait(&rq[j % 2][1], MPI_STATUS_IGNORE));
+            if (own && ro < rn) {
+                size_t len = rn - ro < a->chunk ? rn - ro : a->chunk;
+                hpcdl_reduce_local(dst + ro, a->tmp[j % 2], own + ro, len / esz,
+                                   a->dtype, a->op);
+            }
+            MPI_CHECK(MPI_Wait(&rq[j % 2][0], MPI_STATUS_IGNORE));
+        }
+    }
+    return HPCDL_OK;
+}
+
+static size_t chunk_for(const hpcdl_team *t, hpcdl_dtype dtype) {
+    size_t esz = hpcdl_dtype_size(dtype), c = t->chunk_bytes;
+    if (c > (size_t)INT_MAX / 2) c = (size_t)INT_MAX / 2; // MPI counts are int
+    c -= c % esz;
+    return c < esz ? esz : c;
+}
+
+// ----------------------------------------------------------------------------
+// the two phases over block offsets off[0..N] (elements)
+
+// Reduce-scatter. Partial sums of block b land in blockdst(b, s); the final
+// one (block r, last step) lands in `out`. For N == 1 just copies.
+static int reduce_scatter_phase(hpcdl_team *t, MPI_Comm comm, const char *send,
+                                char *recv_full, char *out, const size_t *off,
+                                hpcdl_dtype dtype, hpcdl_op op) {
+    int n, r;
+    MPI_CHECK(MPI_Comm_size(comm, &n));
+    MPI_CHECK(MPI_Comm_rank(comm, &r));
+    size_t esz = hpcdl_dtype_size(dtype), maxblk = 0;
+    if (n == 1) {
+        if (out != send) memmove(out, send, (off[1] - off[0]) * esz);
+        return HPCDL_OK;
+    }
+    for (int i = 0; i < n; i++)
+        if (off[i + 1] - off[i] > maxblk) maxblk = off[i + 1] - off[i];
+    step_args a = {comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_RS, dtype, op,
+                   chunk_for(t, dtype), {NULL, NULL}};
+    // partial sums need block-sized homes when the caller has no full buffer
+    char *part = NULL, *tmp = malloc(2 * a.chunk);
+    if (!recv_full) part = malloc(2 * maxblk * esz + 1);
+    if (!tmp || (!recv_full && !part)) {
+        free(tmp);
+        free(part);
+        return hpcdl_fail(HPCDL_ERR_NOMEM, "ring reduce-scatter: out of memory");
+    }
+    a.tmp[0] = tmp;
+    a.tmp[1] = tmp + a.chunk;
+    const char *prev = NULL; // where the block sent at this step was reduced
+    int rc = HPCDL_OK;
+    for (int s = 0; s < n - 1 && rc == HPCDL_OK; s++) {
+        int sb = hpcdl_mod(r - s - 1, n), rb = hpcdl_mod(r - s - 2, n);
+        const char *src = s == 0 ? send + off[sb] * esz : prev;
+        char *dst = s == n - 2 ? out
+                    : recv_full ? recv_full + off[rb] * esz
+                                : part + (size_t)(s % 2) * maxblk * esz;
+        rc = ring_step(&a, src, (off[sb + 1] - off[sb]) * esz, dst,
+                       (off[rb + 1] - off[rb]) * esz, send + off[rb] * esz);
+        prev = dst;
+    }
+    free(tmp);
+    free(part);
+    return rc;
+}
+
+// All-gather: rank r's block r is already in place in buf.
+static int allgather_phase(hpcdl_team *t, MPI_Comm comm, char *buf, const size_t *off,
+                           hpcdl_dtype dtype) {
+    int n, r;
+    MPI_CHECK(MPI_Comm_size(comm, &n));
+    MPI_CHECK(MPI_Comm_rank(comm, &r));
+    size_t esz = hpcdl_dtype_size(dtype);
+    // no reduction to overlap: bigger pieces mean fewer messages
+    step_args a = {comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_AG, dtype, HPCDL_SUM,
+                   chunk_for(t, dtype) * 16, {NULL, NULL}};
+    if (a.chunk > (size_t)INT_MAX / 2) a.chunk = chunk_for(t, dtype);
+    for (int s = 0; s < n - 1; s++) {
+        int sb = hpcdl_mod(r - s, n), rb = hpcdl_mod(r - s - 1, n);
+        HPCDL_TRY(ring_step(&a, buf + off[sb] * esz, (off[sb + 1] - off[sb]) * esz,
+                            buf + off[rb] * esz, (off[rb + 1] - off[rb]) * esz, NULL));
+    }
+    return HPCDL_OK;
+}
+
+static size_t *balanced_offsets(size_t count, int n) {
+    size_t *off = malloc(sizeof(size_t) * (size_t)(n + 1));
+    if (off)
+        for (int i = 0; i <= n; i++) off[i] = hpcdl_block_start(count, n, i);
+    return off;
+}
+
+static size_t *prefix_offsets(const size_t *counts, int n) {
+    size_t *off = malloc(sizeof(size_t) * (size_t)(n + 1));
+    if (off) {
+        off[0] = 0;
+        for (int i = 0; i < n; i++) off[i + 1] = off[i] + counts[i];
+    }
+    return off;
+}
+
+// ----------------------------------------------------------------------------
+// collectives
+
+// Preconditions across ranks: same count, dtype, op. send may equal recv.
+int hpcdl_ring_allreduce(hpcdl_team *t, MPI_Comm comm, const void *send, void *recv,
+                         size_t count, hpcdl_dtype dtype, hpcdl_op op) {
+    int n, r;
+    MPI_CHECK(MPI_Comm_size(comm, &n));
+    MPI_CHECK(MPI_Comm_rank(comm, &r));
+    size_t esz = hpcdl_dtype_size(dtype);
+    if (n == 1 || count == 0) {
+        if (send != recv && count) memcpy(recv, send, count * esz);
+        return HPCDL_OK;
+    }
+    size_t *off = balanced_offsets(count, n);
+    if (!off) return hpcdl_fail(HPCDL_ERR_NOMEM, "ring all-reduce: out of memory");
+    char *out = (char *)recv + off[r] * esz;
+    int rc = reduce_scatter_phase(t, comm, send, recv, out, off, dtype, op);
+    if (rc == HPCDL_OK && op == HPCDL_AVERAGE)
+        hpcdl_divide_local(out, off[r + 1] - off[r], dtype, n); // 1/N of the work
+    if (rc == HPCDL_OK) rc = allgather_phase(t, comm, recv, off, dtype);
+    free(off);
+    return rc;
+}
+
+// Preconditions across ranks: same counts[], dtype, op. recv holds counts[r].
+int hpcdl_ring_reduce_scatter(hpcdl_team *t, MPI_Comm comm, const void *send,
+                              void *recv, const size_t *counts, hpcdl_dtype dtype,
+                              hpcdl_op op) {
+    int n, r;
+    MPI_CHECK(MPI_Comm_size(comm, &n));
+    MPI_CHECK(MPI_Comm_rank(comm, &r));
+    size_t *off = prefix_offsets(counts, n);
+    if (!off) return hpcdl_fail(HPCDL_ERR_NOMEM, "ring reduce-scatter: out of memory");
+    size_t esz = hpcdl_dtype_size(dtype);
+    int rc;
+    if (n == 1) {
+        memmove(recv, send, counts[0] * esz);
+        rc = HPCDL_OK;
+    } else {
+        rc = reduce_scatter_phase(t, comm, send, NULL, recv, off, dtype, op);
+    }
+    if (rc == HPCDL_OK && op == HPCDL_AVERAGE) hpcdl_divide_local(recv, counts[r], dtype, n);
+    free(off);
+    return rc;
+}
+
+// Preconditions across ranks: same counts[], dtype. recv holds sum(counts).
+int hpcdl_ring_allgatherv(hpcdl_team *t, MPI_Comm comm, const void *send, void *recv,
+                          const size_t *counts, hpcdl_dtype dtype) {
+    int n, r;
+    MPI_CHECK(MPI_Comm_size(comm, &n));
+    MPI_CHECK(MPI_Comm_rank(comm, &r));
+    size_t *off = prefix_offsets(counts, n);
+    if (!off) return hpcdl_fail(HPCDL_ERR_NOMEM, "ring all-gather: out of memory");
+    size_t esz = hpcdl_dtype_size(dtype);
+    char *mine = (char *)recv + off[r] * esz;
+    if (mine != send && counts[r]) memmove(mine, send, counts[r] * esz);
+    int rc = n > 1 ? allgather_phase(t, comm, recv, off, dtype) : HPCDL_OK;
+    free(off);
+    return rc;
+}
+
+// Pipelined chain from root: rel = (r - root) mod N receives chunk k from rel-1
+// and forwards it to rel+1 while chunk k+1 arrives. Time ~ M*beta + (N-2)*chunk*beta.
+// Preconditions across ranks: same count, dtype, root.
+int hpcdl_ring_broadcast(hpcdl_team *t, MPI_Comm comm, void *buf, size_t count,
+                         hpcdl_dtype dtype, int root) {
+    int n, r;
+    MPI_CHECK(MPI_Comm_size(comm, &n));
+    MPI_CHECK(MPI_Comm_rank(comm, &r));
+    if (n == 1 || count == 0) return HPCDL_OK;
+    int rel = hpcdl_mod(r - root, n);
+    int next = rel < n - 1 ? (r + 1) % n : -1, prev = rel > 0 ? hpcdl_mod(r - 1, n) : -1;
+    size_t chunk = chunk_for(t, dtype) * 4, bytes = count * hpcdl_dtype_size(dtype);
+    if (chunk > (size_t)INT_MAX / 2) chunk = chunk_for(t, dtype);
+    size_t nk = (bytes + chunk - 1) / chunk;
+    MPI_Request sreq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    for (size_t k = 0; k < nk; k++) {
+        char *p = (char *)buf + k * chunk;
+        int len = (int)(bytes - k * chunk < chunk ? bytes - k * chunk : chunk);
+        if (prev >= 0) MPI_CHECK(MPI_Recv(p, len, MPI_BYTE, prev, TAG_BC, comm, MPI_STATUS_IGNORE));
+        if (next >= 0) {
+            MPI_CHECK(MPI_Wait(&sreq[k % 2], MPI_STATUS_IGNORE)); // keep <= 2 in flight
+            MPI_CHECK(MPI_Isend(p, len, MPI_BYTE, next, TAG_BC, comm, &sreq[k % 2]));
+        }
+    }
+    MPI_CHECK(MPI_Waitall(2, sreq, MPI_STATUSES_IGNORE));
+    return HPCDL_OK;
+}
