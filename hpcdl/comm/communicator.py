@@ -1,0 +1,219 @@
+"""communicator.py - Communicator: an mpi4py communicator plus hpcdl's C core.
+
+Buffers follow MPI's (send, recv) convention: recv=None means in place.
+Every call is collective; every rank must make the same calls in the same
+order. A buffer that fails validation on one rank (wrong dtype, not
+contiguous, wrong device) raises TypeError / ValueError there, and, while the
+agreement check is on, makes the same call fail with MismatchError on every
+other rank instead of leaving them waiting.
+"""
+import contextlib
+import os
+
+from . import buffers
+from ._types import DTYPES, algo_code, op_code
+from .. import _core
+
+MismatchError = _core.MismatchError
+CoreError = _core.CoreError
+
+
+class Handle:
+    """An asynchronous all-reduce in flight: poll() -> bool, wait() -> result."""
+
+    def __init__(self, ctx, handle, keep, result, name):
+        self._ctx, self._h, self._keep, self._result = ctx, handle, keep, result
+        self.name = name
+        self._done = False
+
+    def poll(self):
+        """True once the operation has finished (then wait() returns at once)."""
+        return self._done or self._ctx.poll(self._h)
+
+    def wait(self):
+        """Blocks until done (GIL released); returns the result buffer."""
+        if not self._done:
+            self._done = True
+            try:
+                self._ctx.wait(self._h)
+            finally:
+                self._keep = None  # buffers may be freed now
+        return self._result
+
+
+class Communicator:
+    """hpcdl collectives over an mpi4py communicator.
+
+    local_size: ranks per (virtual) node; None reads HPCDL_LOCAL_SIZE, 0 or
+    unset splits by shared memory (the real node).
+    """
+
+    def __init__(self, mpi_comm, local_size=None):
+        if local_size is None:
+            local_size = int(os.environ.get("HPCDL_LOCAL_SIZE", "0") or 0)
+        self.mpi = mpi_comm
+        self._ctx = _core.Context(mpi_comm, local_size)
+        (self.rank, self.size, self.local_rank, self.local_size,
+         self.cross_rank, self.cross_size) = self._ctx.topology()
+        self.check = os.environ.get("HPCDL_CHECK", "1") != "0"
+        self._ctx.set_check(self.check)
+        chunk = os.environ.get("HPCDL_CHUNK_BYTES")
+        if chunk:
+            self._ctx.set_chunk_bytes(int(chunk))
+        self._cuda = _core.built_with_cuda()
+
+    # ------------------------------------------------------------------ utils
+    @contextlib.contextmanager
+    def _validating(self, call, nsig=5):
+        """Local argument checks; on failure the other ranks are told (through
+        the agreement check) so that they fail too instead of waiting."""
+        try:
+            yield
+        except (TypeError, ValueError):
+            if self.check:
+                try:
+                    self._ctx.report_invalid(call, nsig)
+                except _core.MismatchError:
+                    pass
+            raise
+
+    def _describe(self, buf, what):
+        return buffers.describe(buf, what, cuda_ok=self._cuda)
+
+    def set_check(self, enabled):
+        """Turn the cross-rank agreement check on or off (HPCDL_CHECK=0 at start)."""
+        self.check = bool(enabled)
+        self._ctx.set_check(self.check)
+
+    def choose_algorithm(self, nbytes):
+        """The algorithm 'auto' picks for an all-reduce of nbytes."""
+        return self._ctx.choose_algo(int(nbytes))
+
+    def barrier(self):
+        self.mpi.Barrier()
+
+    def close(self):
+        """Collective: frees communicators, shared memory and the engine."""
+        self._ctx.close()
+
+    # ------------------------------------------------------------ collectives
+    def allreduce(self, send, recv=None, op="sum", algorithm="auto"):
+        """recv[i] = op over ranks of send[i]; in place when recv is None. Returns recv."""
+        with self._validating("allreduce"):
+            o, a = op_code(op), algo_code(algorithm)
+            s = self._describe(send, "send buffer")
+            r = s if recv is None else self._describe(recv, "recv buffer")
+            self._same_shape(s, r, "allreduce")
+        self._ctx.allreduce(s.ptr, r.ptr, s.count, DTYPES[s.dtype], o, a)
+        return r.obj
+
+    def allreduce_async(self, send, recv=None, op="sum", algorithm="auto", name="allreduce"):
+        """Queues an all-reduce on the engine thread; returns a Handle."""
+        try:
+            o, a = op_code(op), algo_code(algorithm)
+            s = self._describe(send, "send buffer")
+            r = s if recv is None else self._describe(recv, "recv buffer")
+            self._same_shape(s, r, "allreduce_async")
+        except (TypeError, ValueError):
+            if self.check:  # the engine joins the agreement check as invalid
+                h = self._ctx.allreduce_async_invalid(name)
+                try:
+                    self._ctx.wait(h)
+                except _core.MismatchError:
+                    pass
+            raise
+        h = self._ctx.allreduce_async(s.ptr, r.ptr, s.count, DTYPES[s.dtype], o, a, name)
+        return Handle(self._ctx, h, (s.obj, r.obj), r.obj, name)
+
+    def reduce_scatter(self, send, recv=None, counts=None, op="sum", algorithm="auto"):
+        """Rank r receives block r of the reduced send buffer (blocks of counts[i]
+        elements, default an even split). Returns recv (allocated if None)."""
+        with self._validating("reduce_scatter"):
+            o, a = op_code(op), self._gather_algo(algorithm)
+            s = self._describe(send, "send buffer")
+            counts = self._counts(counts, s.count, "reduce_scatter")
+            if recv is None:
+                recv = buffers.empty_like(s.obj, counts[self.rank])
+            r = self._describe(recv, "recv buffer")
+            if r.count != counts[self.rank] or r.dtype != s.dtype:
+                raise ValueError("reduce_scatter: recv buffer has %d %s elements, need %d %s"
+                                 % (r.count, r.dtype, counts[self.rank], s.dtype))
+        self._ctx.reduce_scatter(s.ptr, r.ptr, counts, DTYPES[s.dtype], o, a)
+        return r.obj
+
+    def allgather(self, send, recv=None, counts=None, algorithm="auto"):
+        """Concatenates every rank's send buffer in rank order; ranks may send
+        different counts (gathered first when counts is None). Returns recv."""
+        if counts is None:
+            # the counts gather doubles as the validity exchange: a rank with a
+            # bad buffer sends None, so every rank fails instead of waiting
+            try:
+                a = self._gather_algo(algorithm)
+                s = self._describe(send, "send buffer")
+                err = None
+            except (TypeError, ValueError) as e:
+                s, err = None, e
+            counts = self.mpi.allgather(None if s is None else s.count)
+            if err is not None:
+                raise err
+            bad = [i for i, c in enumerate(counts) if c is None]
+            if bad:
+                raise MismatchError("allgather: rank(s) %s passed an invalid buffer (see "
+                                    "their error)" % bad)
+        else:
+            with self._validating("allgather", nsig=4):
+                a = self._gather_algo(algorithm)
+                s = self._describe(send, "send buffer")
+        with self._validating("allgather", nsig=4):
+            counts = [int(c) for c in counts]
+            if len(counts) != self.size or counts[self.rank] != s.count:
+                raise ValueError("allgather: counts %s do not match this rank's %d elements"
+                                 % (counts, s.count))
+            if recv is None:
+                recv = buffers.empty_like(s.obj, sum(counts))
+            r = self._describe(recv, "recv buffer")
+            if r.count != sum(counts) or r.dtype != s.dtype:
+                raise ValueError("allgather: recv buffer has %d %s elements, need %d %s"
+                                 % (r.count, r.dtype, sum(counts), s.dtype))
+        self._ctx.allgatherv(s.ptr, r.ptr, counts, DTYPES[s.dtype], a)
+        return r.obj
+
+    def broadcast(self, buf, root=0, algorithm="auto"):
+        """Every rank's buf becomes root's. Returns buf."""
+        with self._validating("broadcast"):
+            a = self._gather_algo(algorithm)
+            b = self._describe(buf, "buffer")
+            if not 0 <= int(root) < self.size:
+                raise ValueError("broadcast: root %d is not a rank (0..%d)"
+                                 % (root, self.size - 1))
+        self._ctx.broadcast(b.ptr, b.count, DTYPES[b.dtype], int(root), a)
+        return b.obj
+
+    def timeline(self):
+        """Drains the engine's records: dicts with name, bytes, algorithm, times."""
+        keys = ("handle", "name", "bytes", "algorithm", "t_submit", "t_start", "t_end",
+                "status")
+        return [dict(zip(keys, rec)) for rec in self._ctx.timeline_drain()]
+
+    # ---------------------------------------------------------------- helpers
+    def _counts(self, counts, total, call):
+        if counts is None:
+            q, r = divmod(total, self.size)
+            return [q + (1 if i < r else 0) for i in range(self.size)]
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size or any(c < 0 for c in counts) or sum(counts) != total:
+            raise ValueError("%s: counts %s must be %d non-negative ints summing to the "
+                             "send buffer's %d elements" % (call, counts, self.size, total))
+        return counts
+
+    @staticmethod
+    def _gather_algo(algorithm):
+        # hier is an all-reduce design; the other collectives use the ring for it
+        a = algo_code(algorithm)
+        return algo_code("ring") if a == algo_code("hier") else a
+
+    @staticmethod
+    def _same_shape(s, r, call):
+        if s.count != r.count or s.dtype != r.dtype:
+            raise ValueError("%s: send has %d %s elements but recv has %d %s"
+                             % (call, s.count, s.dtype, r.count, r.dtype))
