@@ -100,10 +100,14 @@ class BuildCore(build_ext):
                                    text=True).stdout.split()
         objs = []
         os.makedirs(self.build_temp, exist_ok=True)
-        archs = os.environ.get("HPCDL_CUDA_ARCHS", "75;80;90").split(";")
+        # sm_80 = A100, sm_90 = H100/H200; PTX of the newest lets later GPUs JIT it
+        archs = os.environ.get("HPCDL_CUDA_ARCHS", "80;90").split(";")
         gencode = []
         for a in archs:
             gencode += ["-gencode", "arch=compute_%s,code=sm_%s" % (a, a)]
+        gencode += ["-gencode", "arch=compute_%s,code=compute_%s" % (archs[-1], archs[-1])]
+        # nvcc's host code needs the C++ runtime (guards of its launch stubs' statics)
+        self.extensions[0].libraries.append("stdc++")
         for src in sources:
             obj = os.path.join(self.build_temp, os.path.basename(src) + ".o")
             cmd = [nvcc, "-O3", "-Xcompiler", "-fPIC", *gencode,

@@ -89,6 +89,18 @@ int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send,
                              void *recv, size_t count, hpcdl_dtype dtype, hpcdl_op op,
                              hpcdl_algo algo, hpcdl_algo *used);
 
+#ifdef HPCDL_WITH_CUDA
+// cuda/cuda_allreduce.c. Local call: 1 if p is device (or managed) memory;
+// 0 for host memory, and when there is no GPU or CUDA driver.
+int hpcdl_is_device_ptr(const void *p);
+// Collective over t: the all-reduce of device buffers (GPU-direct when MPI is
+// CUDA-aware, else staged through pinned host memory). Called by the
+// dispatch after the agreement check, with algo resolved; every rank must
+// pass device memory.
+int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *recv,
+                         size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo);
+#endif
+
 MPI_Datatype hpcdl_mpi_dtype(hpcdl_dtype dtype);
 int hpcdl_mpi_op(hpcdl_dtype dtype, hpcdl_op op, MPI_Op *out);
 

@@ -264,6 +264,11 @@ int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, vo
     // hier needs shared memory and equal nodes; without them it is the ring
     if (algo == HPCDL_ALGO_HIER && (t->local_size == 1 || !t->uniform)) algo = HPCDL_ALGO_RING;
     if (used) *used = algo;
+#ifdef HPCDL_WITH_CUDA
+    // device memory takes the CUDA path (cuda/): GPU-direct or pinned staging
+    if (hpcdl_is_device_ptr(recv) || (send != recv && hpcdl_is_device_ptr(send)))
+        return hpcdl_cuda_allreduce(ctx, t, send, recv, count, dtype, op, algo);
+#endif
     switch (algo) {
     case HPCDL_ALGO_MPI: return mpi_allreduce(t, send, recv, count, dtype, op);
     case HPCDL_ALGO_HIER: return hpcdl_hier_allreduce(t, send, recv, count, dtype, op);

@@ -1,0 +1,6 @@
+"""hpcdl.bench - benchmarks that print nccl-tests-shaped tables and check
+correctness in the same run. Each benchmark is a module with run(options)
+-> exit status, started by `hpcdl bench NAME` (hpcdl/cli/bench.py).
+
+    allreduce   hpcdl's all-reduce algorithms against MPI_Allreduce and gloo
+"""

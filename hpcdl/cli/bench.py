@@ -1,0 +1,118 @@
+"""bench.py - `hpcdl bench BENCHMARK`: the group of benchmarks (allreduce for
+now; train, data and calibrate later). Each benchmark parses and checks its
+options here, relaunches itself on -n ranks when not already inside an MPI or
+Slurm job, and runs the module in hpcdl/bench/ on the ranks.
+
+    hpcdl bench allreduce -n 2 --max-bytes 64M --json out.json --plot busbw.png
+"""
+import sys
+
+from .main import UsageError
+
+DEFAULT_ALGORITHMS = "ring,hier,auto,mpi,mpi4py,gloo"
+
+
+def register(subparsers):
+    p = subparsers.add_parser(
+        "bench", help="benchmarks (allreduce)",
+        description="Benchmarks that print nccl-tests-shaped tables and check "
+                    "correctness in the same run.")
+    sub = p.add_subparsers(dest="benchmark", metavar="BENCHMARK")
+    p.set_defaults(func=lambda args: _help(p))
+    _register_allreduce(sub)
+
+
+def _help(parser):
+    parser.print_help()
+    return 2
+
+
+# ----------------------------------------------------------------------------
+# bench allreduce
+
+def _register_allreduce(sub):
+    p = sub.add_parser(
+        "allreduce", help="hpcdl's all-reduce against MPI_Allreduce and gloo",
+        description="Times hpcdl's all-reduce algorithms (ring, hier, auto, mpi), "
+                    "MPI_Allreduce through mpi4py and torch.distributed gloo on the same "
+                    "buffers, one row per size and implementation, checks every result "
+                    "and exits 1 on a wrong value.",
+        epilog="example: hpcdl bench allreduce -n 2 --max-bytes 64M --plot busbw.png")
+    p.add_argument("-n", "--np", dest="n", type=int, default=None,
+                   help="ranks to start through mpirun (default: the ranks of this job)")
+    p.add_argument("-H", "--hosts", default=None, help="host:slots,... for the launch")
+    p.add_argument("--min-bytes", default="4", help="smallest message (4, 4K, 1M; default 4)")
+    p.add_argument("--max-bytes", default="256M", help="largest message (default 256M)")
+    p.add_argument("--factor", type=int, default=4, help="size multiplier (default 4)")
+    p.add_argument("--dtype", default="float32", help="float32|float64|int32|int64")
+    p.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
+                   help="comma-separated, of %s (default all)" % DEFAULT_ALGORITHMS)
+    p.add_argument("--iters", type=int, default=50,
+                   help="most timed iterations per row; fewer for big sizes (default 50)")
+    p.add_argument("--warmup", type=int, default=5, help="most warm-up iterations (default 5)")
+    p.add_argument("--time-budget", type=float, default=1.0, metavar="SECONDS",
+                   help="about how long one row's timed loop may take (default 1.0)")
+    p.add_argument("--no-check", action="store_true",
+                   help="turn hpcdl's cross-rank agreement check off (as HPCDL_CHECK=0)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON")
+    p.add_argument("--csv", default=None, metavar="FILE", help="write the rows as CSV")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="busbw against size")
+    p.set_defaults(func=run_allreduce)
+
+
+def allreduce_options(args):
+    """The parsed arguments as hpcdl.bench.allreduce.Options; UsageError if bad."""
+    from ..bench import allreduce
+    try:
+        opts = allreduce.Options(
+            min_bytes=allreduce.parse_size(args.min_bytes),
+            max_bytes=allreduce.parse_size(args.max_bytes), factor=args.factor,
+            dtype=args.dtype,
+            impls=tuple(a.strip() for a in args.algorithms.split(",") if a.strip()),
+            iters=args.iters, warmup=args.warmup, budget_s=args.time_budget,
+            check=not args.no_check, json=args.json, csv=args.csv, plot=args.plot,
+            expect_ranks=args.n)
+        allreduce.validate(opts)
+    except ValueError as e:
+        raise UsageError(str(e))
+    if args.n is not None and args.n < 1:
+        raise UsageError("-n must be at least 1 (got %d)" % args.n)
+    return opts
+
+
+def allreduce_argv(args):
+    """The command line that repeats this benchmark on the launched ranks (no -n)."""
+    argv = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
+            "--factor", str(args.factor), "--dtype", args.dtype,
+            "--algorithms", args.algorithms, "--iters", str(args.iters),
+            "--warmup", str(args.warmup), "--time-budget", repr(args.time_budget)]
+    argv += ["--no-check"] if args.no_check else []
+    for flag in ("json", "csv", "plot"):
+        if getattr(args, flag):
+            argv += ["--" + flag, getattr(args, flag)]
+    return [sys.executable, "-m", "hpcdl", "bench", "allreduce"] + argv
+
+
+def run_allreduce(args):
+    opts = allreduce_options(args)
+    from . import run as launcher
+    if args.n is not None and not launcher.inside_parallel_job():
+        return launcher.launch(args.n, allreduce_argv(args), hosts=args.hosts)
+    from ..bench import allreduce
+    return _abort_on_error(allreduce.run, opts)
+
+
+def _abort_on_error(run, opts):
+    """run(opts), but an exception on one rank aborts the whole job (with the
+    traceback, prefixed by the rank) instead of leaving the others waiting in
+    a collective."""
+    try:
+        return run(opts)
+    except Exception:
+        import traceback
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.size == 1:
+            raise
+        print("[rank %d] error: bench failed, aborting all ranks:\n%s"
+              % (MPI.COMM_WORLD.rank, traceback.format_exc()), file=sys.stderr, flush=True)
+        MPI.COMM_WORLD.Abort(1)

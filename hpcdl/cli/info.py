@@ -1,0 +1,77 @@
+"""info.py - `hpcdl info`: versions, the MPI library, CUDA support and the
+Slurm allocation, so a user (or a bug report) sees the whole stack at once."""
+import json
+import os
+import platform
+
+
+def _version(module):
+    try:
+        mod = __import__(module)
+        return getattr(mod, "__version__", "installed")
+    except Exception as e:  # report, never crash: info is for broken setups too
+        return "not available (%s)" % type(e).__name__
+
+
+def collect():
+    from .._version import __version__
+    info = {"hpcdl": __version__, "python": platform.python_version(),
+            "cores": os.cpu_count()}
+    try:
+        from mpi4py import MPI
+        info["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
+        info["mpi_standard"] = "%d.%d" % MPI.Get_version()
+    except Exception as e:
+        info["mpi_library"] = "not available (%s)" % e
+    info["mpi4py"] = _version("mpi4py")
+    info["numpy"] = _version("numpy")
+    info["torch"] = _version("torch")
+    info["h5py"] = _version("h5py")
+    try:
+        import h5py
+        info["h5py_mpi"] = bool(h5py.get_config().mpi)
+    except Exception:
+        info["h5py_mpi"] = False
+    try:
+        from .. import _core
+        info["core_built"] = True
+        info["core_cuda"] = bool(_core.built_with_cuda())
+        info["mpi_cuda_aware"] = bool(_core.mpi_cuda_aware())
+    except ImportError as e:
+        info["core_built"] = "no (%s)" % e
+    info["slurm_job"] = os.environ.get("SLURM_JOB_ID")
+    if info["slurm_job"]:
+        info["slurm_nodes"] = os.environ.get("SLURM_JOB_NUM_NODES")
+        info["slurm_ntasks"] = os.environ.get("SLURM_NTASKS")
+    return info
+
+
+def run(args):
+    info = collect()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    yes = lambda v: "yes" if v is True else ("no" if v is False else str(v))
+    rows = [("hpcdl", info["hpcdl"]), ("python", info["python"]),
+            ("MPI library", info["mpi_library"]), ("MPI standard", info.get("mpi_standard", "-")),
+            ("mpi4py", info["mpi4py"]), ("numpy", info["numpy"]), ("torch", info["torch"]),
+            ("h5py", info["h5py"]), ("h5py with MPI", yes(info["h5py_mpi"])),
+            ("C core built", yes(info["core_built"])),
+            ("core built with CUDA", yes(info.get("core_cuda", False))),
+            ("MPI CUDA-aware", yes(info.get("mpi_cuda_aware", False))),
+            ("cores", str(info["cores"])),
+            ("Slurm allocation", "job %s, %s nodes, %s tasks" % (
+                info["slurm_job"], info.get("slurm_nodes"), info.get("slurm_ntasks"))
+             if info["slurm_job"] else "none")]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print("%-*s  %s" % (width, k, v))
+    return 0
+
+
+def register(sub):
+    p = sub.add_parser("info", help="versions, MPI library, CUDA and Slurm status",
+                       description="Print hpcdl's version, the MPI library, mpi4py / torch "
+                                   "/ h5py versions, CUDA support and the Slurm allocation.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run)

@@ -1,0 +1,116 @@
+"""run.py - `hpcdl run -n N -- CMD ...`: start N ranks through the MPI
+launcher on PATH with the flags the situation needs, or, inside an existing
+MPI or Slurm job step, run CMD directly. Exit codes are forwarded."""
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from .main import UsageError
+
+MPI_ENV_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+def inside_parallel_job():
+    """True inside ranks started by mpirun/mpiexec or by srun (a Slurm step):
+    then hpcdl must not start a second layer of ranks."""
+    if any(v in os.environ for v in MPI_ENV_VARS):
+        return True
+    # srun sets SLURM_STEP_ID for every task; a plain batch script has none
+    return "SLURM_STEP_ID" in os.environ and "SLURM_PROCID" in os.environ
+
+
+def find_launcher():
+    """(path, flavour) of the MPI launcher: $HPCDL_MPIRUN, mpirun or mpiexec."""
+    for name in (os.environ.get("HPCDL_MPIRUN"), "mpirun", "mpiexec"):
+        path = name and shutil.which(name)
+        if path:
+            return path, launcher_flavour(path)
+    raise UsageError("no MPI launcher (mpirun or mpiexec) on PATH. Install MPI "
+                     "(Debian: apt-get install openmpi-bin libopenmpi-dev; clusters: "
+                     "module load openmpi) or set HPCDL_MPIRUN")
+
+
+def launcher_flavour(path):
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired):
+        text = ""
+    if "Open MPI" in text or "OpenRTE" in text:
+        return "openmpi"
+    if "HYDRA" in text or "MPICH" in text or "Intel" in text:
+        return "mpich"
+    return "unknown"
+
+
+def parse_hosts(hosts):
+    """'a:4,b:4' -> [('a', 4), ('b', 4)]; a host without slots counts 1."""
+    out = []
+    for item in hosts.split(","):
+        name, _, slots = item.strip().partition(":")
+        if not name or (slots and not slots.isdigit()) or slots == "0":
+            raise UsageError("bad host entry %r in -H; use host:slots,host:slots" % item)
+        out.append((name, int(slots) if slots else 1))
+    return out
+
+
+def mpirun_command(n, cmd, hosts=None, launcher=None):
+    """The launcher command line for n ranks of cmd (a list of strings)."""
+    if n < 1:
+        raise UsageError("-n must be at least 1 (got %d)" % n)
+    path, flavour = launcher or find_launcher()
+    line = [path, "-n", str(n)]
+    host_list = parse_hosts(hosts) if hosts else None
+    if flavour == "openmpi":
+        slots = sum(s for _, s in host_list) if host_list else (os.cpu_count() or 1)
+        if n > slots:
+            line.append("--oversubscribe")  # more ranks than cores: allowed, slower
+        line += ["--bind-to", "none"]      # ranks use torch's threads as they need
+        if os.geteuid() == 0:
+            line.append("--allow-run-as-root")
+        if host_list:
+            line += ["--host", ",".join("%s:%d" % h for h in host_list)]
+    elif host_list:  # MPICH hydra
+        line += ["-hosts", ",".join("%s:%d" % h for h in host_list)]
+    return line + list(cmd)
+
+
+def launch(n, cmd, hosts=None):
+    """Starts cmd on n ranks (or directly inside a job); returns its exit code."""
+    if not cmd:
+        raise UsageError("no command given; usage: hpcdl run -n N -- CMD ...")
+    if inside_parallel_job():
+        print("hpcdl run: already inside an MPI/Slurm job; running %s directly"
+              % shlex.join(cmd), file=sys.stderr, flush=True)
+        return _run(cmd)
+    line = mpirun_command(n, cmd, hosts)
+    print("hpcdl run: " + shlex.join(line), file=sys.stderr, flush=True)
+    rc = _run(line)
+    if rc != 0:
+        print("hpcdl run: %s exited with status %d on at least one rank"
+              % (shlex.join(cmd), rc), file=sys.stderr, flush=True)
+    return rc
+
+
+def _run(line):
+    try:
+        return subprocess.run(line).returncode
+    except FileNotFoundError:
+        raise UsageError("command not found: %s" % line[0])
+
+
+def register(sub):
+    p = sub.add_parser(
+        "run", help="start N ranks of a command through mpirun",
+        description="Start N ranks of CMD through the MPI launcher on PATH (mpirun or "
+                    "mpiexec, Open MPI or MPICH). Adds --oversubscribe when N exceeds the "
+                    "cores, --bind-to none, and Open MPI's root permission only when run as "
+                    "root. Inside an existing MPI job or Slurm step, runs CMD directly.",
+        epilog="example: hpcdl run -n 4 -- python -c \"from hpcdl import comm; comm.init(); "
+               "print(comm.rank(), comm.size())\"")
+    p.add_argument("-n", "--np", dest="n", type=int, default=1, help="number of ranks")
+    p.add_argument("-H", "--hosts", default=None, help="host:slots,... (default: this host)")
+    p.add_argument("cmd", nargs="+", metavar="CMD", help="the command (after --)")
+    p.set_defaults(func=lambda a: launch(a.n, a.cmd, a.hosts))

@@ -1,0 +1,425 @@
+/*
+ * cuda_allreduce.c - all-reduce of device buffers, reached from
+ * hpcdl_dispatch_allreduce when a pointer is device memory. Two ways:
+ *
+ *   GPU-direct (hpcdl_mpi_cuda_aware()): device pointers go straight to MPI,
+ *   which moves them with GPUDirect RDMA on InfiniBand. algo=mpi hands the
+ *   buffer to MPI_Allreduce; otherwise ring.c's ring runs on the device
+ *   buffer, its reductions done on the GPU by reduce_kernels.cu.
+ *
+ *   staging (MPI not CUDA-aware): the buffer travels in pieces through two
+ *   pinned host buffers; while the host all-reduces piece k with the host
+ *   code (ring / hier / MPI), the stream copies piece k+1 down and piece k
+ *   back up behind it:
+ *
+ *       stream:  D2H 0 | D2H 1         | H2D 0  D2H 2 | H2D 1  D2H 3 | ...
+ *       host:          | all-reduce 0  | all-reduce 1 | all-reduce 2 | ...
+ *
+ *   Time ~ one piece's copy + max(copy, all-reduce) per piece.
+ *
+ * Each thread (the caller's, the engine's) keeps its own stream, events,
+ * pinned pieces and device scratch for the GPU it last used; they are freed
+ * when the thread exits. Nothing here runs until a device pointer is seen,
+ * so a CUDA build imports and works on machines without GPU or driver.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common.h"
+#include "cuda_core.h"
+
+enum { TAG_DEV_RS = 7311 };
+
+// ----------------------------------------------------------------------------
+// errors
+
+static const char *cuda_hint(cudaError_t err) {
+    switch (err) {
+    case cudaErrorMemoryAllocation:
+        return "the GPU or pinned host memory is full: free memory, or lower "
+               "HPCDL_CUDA_STAGE_BYTES / the chunk size";
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+        return "no usable GPU or driver: check nvidia-smi, the driver version and "
+               "CUDA_VISIBLE_DEVICES";
+    case cudaErrorInvalidValue:
+    case cudaErrorIllegalAddress:
+        return "a buffer is not valid memory of count elements on this GPU (freed, "
+               "too small, or another process's)";
+    default:
+        return "check the buffers and the GPU (nvidia-smi); CUDA_LAUNCH_BLOCKING=1 "
+               "pins an asynchronous error on the call that caused it";
+    }
+}
+
+int hpcdl_cuda_fail(cudaError_t err, const char *call, const char *file, int line) {
+    int rank = -1, initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return hpcdl_fail(HPCDL_ERR_CUDA, "%s failed on rank %d: %s (%s) (%s:%d). Hint: %s.",
+                      call, rank, cudaGetErrorName(err), cudaGetErrorString(err), file,
+                      line, cuda_hint(err));
+}
+
+// ----------------------------------------------------------------------------
+// which memory a pointer is. A failed query is an answer ("not device
+// memory", or no GPU at all), not an error, so these two calls do not go
+// through CUDA_CHECK; cudaGetLastError() clears the failure so that a later
+// launch check does not report it.
+
+static int n_devices;
+static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
+
+static void count_devices(void) {
+    if (cudaGetDeviceCount(&n_devices) != cudaSuccess) n_devices = 0;
+    (void)cudaGetLastError();
+}
+
+// The GPU that owns p (device or managed memory), or -1 for host memory.
+static int pointer_device(const void *p) {
+    if (!p) return -1;
+    pthread_once(&devices_once, count_devices);
+    if (n_devices == 0) return -1;
+    struct cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged ? at.device
+                                                                               : -1;
+}
+
+int hpcdl_is_device_ptr(const void *p) { return pointer_device(p) >= 0; }
+
+// ----------------------------------------------------------------------------
+// per-thread resources, kept between calls
+
+typedef struct {
+    int device;            // GPU the handles below belong to; -1 = none yet
+    cudaStream_t stream;   // every copy and kernel of this thread's calls
+    cudaEvent_t staged[2]; // staging: piece k has reached pinned piece k % 2
+    char *pinned;          // staging: two pinned host pieces
+    size_t pinned_bytes;
+    char *scratch;         // GPU-direct ring: two device receive chunks
+    size_t scratch_bytes;
+} gpu_state;
+
+static pthread_key_t state_key;
+static pthread_once_t state_once = PTHREAD_ONCE_INIT;
+
+// Best effort, at thread exit or on a change of GPU: there is no caller
+// left to hand an error to, so results are ignored. The thread's current
+// device is left as it was.
+static void release(gpu_state *g) {
+    int cur = -1;
+    if (g->device >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != g->device)
+        (void)cudaSetDevice(g->device);
+    if (g->pinned) (void)cudaFreeHost(g->pinned);
+    if (g->scratch) (void)cudaFree(g->scratch);
+    for (int i = 0; i < 2; i++)
+        if (g->staged[i]) (void)cudaEventDestroy(g->staged[i]);
+    if (g->stream) (void)cudaStreamDestroy(g->stream);
+    if (cur >= 0 && cur != g->device) (void)cudaSetDevice(cur);
+    (void)cudaGetLastError();
+    memset(g, 0, sizeof *g);
+    g->device = -1;
+}
+
+static void release_at_exit(void *p) {
+    release(p);
+    free(p);
+}
+
+static void make_key(void) { pthread_key_create(&state_key, release_at_exit); }
+
+// This thread's state for GPU dev (the current device), created on first use.
+static int get_state(int dev, gpu_state **out) {
+    pthread_once(&state_once, make_key);
+    gpu_state *g = pthread_getspecific(state_key);
+    if (!g) {
+        g = calloc(1, sizeof *g);
+        if (!g) return hpcdl_fail(HPCDL_ERR_NOMEM, "cuda all-reduce: out of memory");
+        g->device = -1;
+        pthread_setspecific(state_key, g);
+    }
+    if (g->device != dev) { // first use, or a new GPU: handles belong to one device
+        release(g);
+        // non-blocking: the caller's default-stream work is waited for explicitly
+        CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+        for (int i = 0; i < 2; i++)
+            CUDA_CHECK(cudaEventCreateWithFlags(&g->staged[i], cudaEventDisableTiming));
+        g->device = dev; // only now: a half-made state is released on the next call
+    }
+    *out = g;
+    return HPCDL_OK;
+}
+
+static int ensure_pinned(gpu_state *g, size_t bytes) {
+    if (g->pinned_bytes >= bytes) return HPCDL_OK;
+    if (g->pinned) CUDA_CHECK(cudaFreeHost(g->pinned));
+    g->pinned = NULL;
+    g->pinned_bytes = 0;
+    CUDA_CHECK(cudaMallocHost((void **)&g->pinned, bytes));
+    g->pinned_bytes = bytes;
+    return HPCDL_OK;
+}
+
+static int ensure_scratch(gpu_state *g, size_t bytes) {
+    if (g->scratch_bytes >= bytes) return HPCDL_OK;
+    if (g->scratch) CUDA_CHECK(cudaFree(g->scratch));
+    g->scratch = NULL;
+    g->scratch_bytes = 0;
+    CUDA_CHECK(cudaMalloc((void **)&g->scratch, bytes));
+    g->scratch_bytes = bytes;
+    return HPCDL_OK;
+}
+
+// ----------------------------------------------------------------------------
+// MPI_Allreduce in pieces of at most 2^30 elements (MPI counts are int), on
+// host or (CUDA-aware MPI) device buffers; the average's division is left to
+// the caller, who knows where the data is.
+
+static int mpi_sum_pieces(hpcdl_team *t, const void *send, void *recv, size_t count,
+                          hpcdl_dtype dtype, hpcdl_op op) {
+    MPI_Op mop;
+    HPCDL_TRY(hpcdl_mpi_op(dtype, op, &mop));
+    size_t esz = hpcdl_dtype_size(dtype), piece = (size_t)1 << 30;
+    for (size_t base = 0; base < count; base += piece) {
+        int n = (int)(count - base < piece ? count - base : piece);
+        char *r = (char *)recv + base * esz;
+        const void *s = send == recv ? MPI_IN_PLACE : (const char *)send + base * esz;
+        MPI_CHECK(MPI_Allreduce(s, r, n, hpcdl_mpi_dtype(dtype), mop, t->world));
+    }
+    return HPCDL_OK;
+}
+
+// The average's division of n elements of device memory, finished on return.
+static int divide_on_device(gpu_state *g, void *buf, size_t n, hpcdl_dtype dtype, int by) {
+    HPCDL_TRY(hpcdl_cuda_divide(buf, n, dtype, by, g->stream));
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    return HPCDL_OK;
+}
+
+// ----------------------------------------------------------------------------
+// staging through pinned host memory
+
+// Piece size in bytes: HPCDL_CUDA_STAGE_BYTES, default 8 MiB. Every rank
+// must use the same value: each piece is one host all-reduce.
+static size_t stage_bytes(void) {
+    static size_t v = 0;
+    if (!v) {
+        const char *e = getenv("HPCDL_CUDA_STAGE_BYTES");
+        size_t b = e && *e ? (size_t)strtoull(e, NULL, 10) : (size_t)8 << 20;
+        v = b < 4096 ? 4096 : b > ((size_t)1 << 30) ? (size_t)1 << 30 : b;
+    }
+    return v;
+}
+
+// One piece on the host, with the algorithm dispatch resolved (mpi, hier or ring).
+static int host_allreduce(hpcdl_team *t, void *buf, size_t n, hpcdl_dtype dtype,
+                          hpcdl_op op, hpcdl_algo algo) {
+    if (algo == HPCDL_ALGO_HIER) return hpcdl_hier_allreduce(t, buf, buf, n, dtype, op);
+    if (algo != HPCDL_ALGO_MPI) return hpcdl_ring_allreduce(t, t->world, buf, buf, n, dtype, op);
+    HPCDL_TRY(mpi_sum_pieces(t, buf, buf, n, dtype, op));
+    if (op == HPCDL_AVERAGE) hpcdl_divide_local(buf, n, dtype, t->size);
+    return HPCDL_OK;
+}
+
+// Queues the copy of piece k of src (pieces of `piece` elements) into pinned
+// piece k % 2 and marks its arrival with staged[k % 2].
+static int stage_down(gpu_state *g, const char *src, size_t k, size_t piece, size_t count,
+                      size_t esz) {
+    size_t lo = k * piece, n = count - lo < piece ? count - lo : piece;
+    char *dst = g->pinned + (k % 2) * piece * esz;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src + lo * esz, n * esz, cudaMemcpyDefault, g->stream));
+    CUDA_CHECK(cudaEventRecord(g->staged[k % 2], g->stream));
+    return HPCDL_OK;
+}
+
+// Preconditions across ranks: same count, dtype, op, algo and stage size.
+// All copies share one stream, so the copy into pinned piece k % 2 for piece
+// k+2 runs only after piece k's copy back out of it.
+static int staged_allreduce(hpcdl_team *t, gpu_state *g, const void *send, void *recv,
+                            size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
+    size_t esz = hpcdl_dtype_size(dtype), piece = stage_bytes() / esz;
+    size_t npieces = (count + piece - 1) / piece;
+    HPCDL_TRY(ensure_pinned(g, 2 * piece * esz));
+    HPCDL_TRY(stage_down(g, send, 0, piece, count, esz));
+    for (size_t k = 0; k < npieces; k++) {
+        if (k + 1 < npieces) HPCDL_TRY(stage_down(g, send, k + 1, piece, count, esz));
+        CUDA_CHECK(cudaEventSynchronize(g->staged[k % 2]));
+        size_t lo = k * piece, n = count - lo < piece ? count - lo : piece;
+        char *host = g->pinned + (k % 2) * piece * esz;
+        HPCDL_TRY(host_allreduce(t, host, n, dtype, op, algo));
+        CUDA_CHECK(cudaMemcpyAsync((char *)recv + lo * esz, host, n * esz,
+                                   cudaMemcpyDefault, g->stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    return HPCDL_OK;
+}
+
+// ----------------------------------------------------------------------------
+// GPU-direct ring: ring.c's algorithm on a device buffer, in place.
+//
+//   reduce-scatter, steps s = 0 .. N-2: send block (r - s - 1), receive block
+//   (r - s - 2) into scratch and reduce it on the GPU into this rank's copy;
+//   after N-1 steps rank r holds the fully reduced block r.
+//   all-gather: ring.c's own (pure MPI, so device pointers pass as they are).
+//
+// Cost as ring.c: each rank sends 2(N-1)/N of the buffer. Inside a step the
+// kernel reducing chunk k runs while chunk k+1 is on the wire.
+
+typedef struct {
+    MPI_Comm comm;
+    int to, from;
+    hpcdl_dtype dtype;
+    hpcdl_op op;
+    size_t chunk;        // bytes per chunk, a multiple of the element size
+    char *tmp[2];        // two device receive chunks
+    cudaStream_t stream;
+} dev_step;
+
+// A kernel launch and a stream sync cost ~10 us per chunk, which a
+// host-sized chunk (256 KiB by default) would not hide: GPU chunks are at
+// least 1 MiB.
+static size_t gpu_chunk(const hpcdl_team *t, hpcdl_dtype dtype) {
+    size_t esz = hpcdl_dtype_size(dtype), c = t->chunk_bytes;
+    if (c < ((size_t)1 << 20)) c = (size_t)1 << 20;
+    if (c > (size_t)INT_MAX / 2) c = (size_t)INT_MAX / 2; // MPI counts are int
+    return c - c % esz;
+}
+
+// Sends sn bytes of src to `to` while receiving rn bytes from `from` and
+// reducing them into dst: dst = received op dst.
+static int dev_ring_step(const dev_step *a, const char *src, size_t sn, char *dst, size_t rn) {
+    size_t esz = hpcdl_dtype_size(a->dtype);
+    size_t ns = (sn + a->chunk - 1) / a->chunk, nr = (rn + a->chunk - 1) / a->chunk;
+    size_t nk = ns > nr ? ns : nr;
+    MPI_Request rq[2][2] = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL},
+                            {MPI_REQUEST_NULL, MPI_REQUEST_NULL}}; // [k%2][send,recv]
+    for (size_t k = 0; k <= nk; k++) {
+        size_t o = k * a->chunk;
+        // post chunk k; tmp[k % 2] is free: chunk k-2's kernel was synchronised
+        if (k < nk && o < sn)
+            MPI_CHECK(MPI_Isend(src + o, (int)(sn - o < a->chunk ? sn - o : a->chunk),
+                                MPI_BYTE, a->to, TAG_DEV_RS, a->comm, &rq[k % 2][0]));
+        if (k < nk && o < rn)
+            MPI_CHECK(MPI_Irecv(a->tmp[k % 2], (int)(rn - o < a->chunk ? rn - o : a->chunk),
+                                MPI_BYTE, a->from, TAG_DEV_RS, a->comm, &rq[k % 2][1]));
+        if (k == 0) continue;
+        // reduce chunk k-1 on the GPU while chunk k is in flight
+        size_t j = k - 1, ro = j * a->chunk;
+        MPI_CHECK(MPI_Wait(&rq[j % 2][1], MPI_STATUS_IGNORE));
+        if (ro < rn) {
+            size_t len = rn - ro < a->chunk ? rn - ro : a->chunk;
+            HPCDL_TRY(hpcdl_cuda_reduce(dst + ro, a->tmp[j % 2], dst + ro, len / esz,
+                                        a->dtype, a->op, a->stream));
+            CUDA_CHECK(cudaStreamSynchronize(a->stream));
+        }
+        MPI_CHECK(MPI_Wait(&rq[j % 2][0], MPI_STATUS_IGNORE));
+    }
+    return HPCDL_OK;
+}
+
+static int dev_reduce_scatter(hpcdl_team *t, gpu_state *g, char *buf, const size_t *off,
+                              hpcdl_dtype dtype, hpcdl_op op) {
+    int n = t->size, r = t->rank;
+    size_t esz = hpcdl_dtype_size(dtype);
+    dev_step a = {t->world, (r + 1) % n, hpcdl_mod(r - 1, n), dtype, op,
+                  gpu_chunk(t, dtype), {NULL, NULL}, g->stream};
+    HPCDL_TRY(ensure_scratch(g, 2 * a.chunk));
+    a.tmp[0] = g->scratch;
+    a.tmp[1] = g->scratch + a.chunk;
+    for (int s = 0; s < n - 1; s++) {
+        int sb = hpcdl_mod(r - s - 1, n), rb = hpcdl_mod(r - s - 2, n);
+        HPCDL_TRY(dev_ring_step(&a, buf + off[sb] * esz, (off[sb + 1] - off[sb]) * esz,
+                                buf + off[rb] * esz, (off[rb + 1] - off[rb]) * esz));
+    }
+    return HPCDL_OK;
+}
+
+// Preconditions across ranks: same count, dtype, op. In place on buf.
+static int dev_ring_allreduce(hpcdl_team *t, gpu_state *g, void *buf, size_t count,
+                              hpcdl_dtype dtype, hpcdl_op op) {
+    int n = t->size, r = t->rank;
+    if (n == 1) return HPCDL_OK; // nothing to reduce; the average divides by 1
+    size_t esz = hpcdl_dtype_size(dtype);
+    size_t *off = malloc(sizeof(size_t) * (2 * (size_t)n + 1)); // then counts[n]
+    if (!off) return hpcdl_fail(HPCDL_ERR_NOMEM, "cuda ring all-reduce: out of memory");
+    size_t *counts = off + n + 1;
+    for (int i = 0; i <= n; i++) off[i] = hpcdl_block_start(count, n, i);
+    for (int i = 0; i < n; i++) counts[i] = off[i + 1] - off[i];
+    char *mine = (char *)buf + off[r] * esz;
+    int rc = dev_reduce_scatter(t, g, buf, off, dtype, op);
+    if (rc == HPCDL_OK && op == HPCDL_AVERAGE) // 1/N of the work, before the gather
+        rc = divide_on_device(g, mine, counts[r], dtype, n);
+    if (rc == HPCDL_OK) rc = hpcdl_ring_allgatherv(t, t->world, mine, buf, counts, dtype);
+    free(off);
+    return rc;
+}
+
+// MPI has no 16-bit float reduction that runs on the GPU (hpcdl's own
+// MPI_Op reads host memory), so those dtypes take the ring even for algo=mpi;
+// hier needs host shared memory, so it takes the ring too.
+static int direct_allreduce(hpcdl_team *t, gpu_state *g, const void *send, void *recv,
+                            size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
+    int half = dtype == HPCDL_FLOAT16 || dtype == HPCDL_BFLOAT16;
+    if (algo == HPCDL_ALGO_MPI && !half) {
+        HPCDL_TRY(mpi_sum_pieces(t, send, recv, count, dtype, op));
+        return op == HPCDL_AVERAGE ? divide_on_device(g, recv, count, dtype, t->size)
+                                   : HPCDL_OK;
+    }
+    if (send != recv) {
+        CUDA_CHECK(cudaMemcpyAsync(recv, send, count * hpcdl_dtype_size(dtype),
+                                   cudaMemcpyDefault, g->stream));
+        CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    }
+    return dev_ring_allreduce(t, g, recv, count, dtype, op);
+}
+
+// ----------------------------------------------------------------------------
+// entry point
+
+// recv_dev: recv is device memory (GPU-direct reduces in place on it).
+static int allreduce_on(hpcdl_team *t, int dev, int recv_dev, const void *send, void *recv,
+                        size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
+    gpu_state *g = NULL;
+    HPCDL_TRY(get_state(dev, &g));
+    // MPI and this thread's stream read the buffers directly: first wait for
+    // the work the caller queued on the legacy default stream (PyTorch's
+    // default stream) to finish producing them
+    CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+    if (hpcdl_mpi_cuda_aware() && recv_dev)
+        return direct_allreduce(t, g, send, recv, count, dtype, op, algo);
+    return staged_allreduce(t, g, send, recv, count, dtype, op, algo);
+}
+
+static int set_device(int dev) {
+    CUDA_CHECK(cudaSetDevice(dev));
+    return HPCDL_OK;
+}
+
+// Collective over t, called by hpcdl_dispatch_allreduce after the agreement
+// check with algo resolved (mpi, hier or ring). Preconditions across ranks:
+// same count, dtype, op, algo; every rank passes device memory (these paths
+// send other messages than the host ones); the same CUDA-awareness and
+// HPCDL_CUDA_STAGE_BYTES. Blocking: the result is in recv on return.
+int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *recv,
+                         size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
+    if (count == 0) return HPCDL_OK; // no path sends anything for 0 elements
+    int rdev = pointer_device(recv), dev = rdev >= 0 ? rdev : pointer_device(send), prev;
+    if (dev < 0) return hpcdl_fail(HPCDL_ERR_ARG, "cuda all-reduce: neither buffer is "
+                                   "device memory. Hint: this is an internal error.");
+    // work on the buffer's GPU. The caller's thread gets its current device
+    // back; the engine thread stays put, since switching it back to its
+    // default device 0 would make a CUDA context there on every rank.
+    CUDA_CHECK(cudaGetDevice(&prev));
+    if (dev != prev) HPCDL_TRY(set_device(dev));
+    int rc = allreduce_on(t, dev, rdev >= 0, send, recv, count, dtype, op, algo);
+    if (dev != prev && t != &ctx->eng) {
+        int rc2 = set_device(prev);
+        if (rc == HPCDL_OK) rc = rc2;
+    }
+    return rc;
+}

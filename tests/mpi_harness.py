@@ -1,0 +1,59 @@
+"""mpi_harness.py - the one way tests start ranks: run_mpi(n, cmd) under the
+project's own launcher logic (hpcdl.cli.run.mpirun_command), with a hard
+timeout on every launch. A hang fails the test within the timeout and shows
+every rank's output (tagged [job,rank]) so the stuck rank can be seen."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from hpcdl.cli.run import mpirun_command
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class MPIRunTimeout(AssertionError):
+    pass
+
+
+def mpi_env(env=None):
+    e = dict(os.environ)
+    # a test launch must not think it is inside the pytest's own job
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_STEP_ID"):
+        e.pop(var, None)
+    e["PYTHONUNBUFFERED"] = "1"
+    e.update(env or {})
+    return e
+
+
+def run_mpi(n, cmd, timeout=60, env=None, check=False, tag_output=False):
+    """Runs cmd (list) on n ranks; returns CompletedProcess (stdout+stderr merged
+    in .stdout). Fails the test on timeout with everything the ranks printed."""
+    line = mpirun_command(n, cmd)
+    if tag_output and "--bind-to" in line:  # Open MPI: prefix lines with [job,rank]
+        line.insert(3, "--tag-output")
+    proc = subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=mpi_env(env), cwd=REPO, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpirun and every rank it started
+        out, _ = proc.communicate()
+        pytest.fail("MPI launch timed out after %ss (a hang?): %s\n--- output of all "
+                    "ranks ---\n%s" % (timeout, " ".join(cmd), out), pytrace=False)
+    result = subprocess.CompletedProcess(line, proc.returncode, out, "")
+    if check and proc.returncode != 0:
+        pytest.fail("MPI launch failed (exit %d): %s\n--- output ---\n%s"
+                    % (proc.returncode, " ".join(cmd), out), pytrace=False)
+    return result
+
+
+def run_python(n, script, timeout=60, env=None, check=True, args=()):
+    """Runs a Python script file (path) or source text on n ranks."""
+    if os.path.exists(script):
+        cmd = [sys.executable, script, *args]
+    else:
+        cmd = [sys.executable, "-c", script, *args]
+    return run_mpi(n, cmd, timeout=timeout, env=env, check=check)

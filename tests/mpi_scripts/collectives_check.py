@@ -1,0 +1,148 @@
+"""collectives_check.py - run under mpirun: hpcdl's collectives against MPI's
+own (mpi4py) and against float64 math, with rank- and position-dependent
+data, for numpy arrays and torch tensors. Prints 'CHECKS n FAILED k' on rank
+0 and exits non-zero on any failure.
+argv: PART [MAX_BYTES]. PART is a numpy dtype name (all-reduce of that dtype
+over every op, algorithm and small size), "big:ALGO" (float32 all-reduce of
+MAX_BYTES with one algorithm, every op), or "other" (torch tensors,
+reduce_scatter, allgather, broadcast, async). One part per launch keeps
+every launch short enough for the harness's 60 s timeout."""
+import sys
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from hpcdl import comm
+
+PART = sys.argv[1] if len(sys.argv) > 1 else "float32"
+MAX_BYTES = int(sys.argv[2]) if len(sys.argv) > 2 else 64 << 20
+c = comm.init()
+R, N = c.rank, c.size
+NP_TYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
+            "int32": np.int32, "int64": np.int64}
+TORCH_TYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+failures, checks = [], 0
+
+
+def check(ok, what):
+    global checks
+    checks += 1
+    if not ok:
+        failures.append(what)
+        if len(failures) <= 10:
+            print("[rank %d] FAIL %s" % (R, what), flush=True)
+
+
+def values(rank, n, op):
+    i = np.arange(n, dtype=np.int64)
+    if op == "prod":  # +-1, +-2: products stay exact in every dtype
+        return (1 + (i + 3 * rank) % 2) * np.where((i + rank) % 3 == 0, -1, 1)
+    return (i * 7 + rank * 13 + 5) % 17 - 8
+
+
+_cache = {}
+
+
+def expected(n, op, dtype):
+    key = (n, op, dtype.startswith("int"))
+    if key not in _cache:
+        _cache.clear()  # one size at a time: 64 MiB of float64 per entry
+        _cache[key] = _expected(n, op, dtype)
+    return _cache[key]
+
+
+def _expected(n, op, dtype):
+    vals = np.stack([values(r, n, op).astype(np.float64) for r in range(N)])
+    out = {"sum": vals.sum(0), "average": vals.sum(0) / N, "min": vals.min(0),
+           "max": vals.max(0), "prod": vals.prod(0)}[op]
+    if op == "average" and dtype.startswith("int"):
+        out = np.trunc(vals.sum(0) / N)
+    return out
+
+
+MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+sizes = sorted({0, 1, N - 1, 1031, (1 << 20) + 3})
+
+
+def check_allreduce(dtype, sizes, algos):
+    npt = NP_TYPES[dtype]
+    for n in sizes:
+        for op in ("sum", "average", "min", "max", "prod"):
+            ref = expected(n, op, dtype)
+            mpi_ref = None
+            if op in MPI_OPS and dtype != "float16":  # MPI's own collective
+                mpi_ref = np.empty(n, npt)
+                c.mpi.Allreduce(values(R, n, op).astype(npt), mpi_ref, op=MPI_OPS[op])
+            for algo in algos:
+                x = values(R, n, op).astype(npt)
+                if (n + len(algo)) % 2:  # alternate in place / out of place
+                    out = c.allreduce(x, op=op, algorithm=algo)
+                else:
+                    out = c.allreduce(x, np.empty_like(x), op=op, algorithm=algo)
+                tol = 1e-2 if dtype == "float16" else 1e-6
+                ok = np.allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
+                if mpi_ref is not None:
+                    ok = ok and np.allclose(out, mpi_ref, rtol=tol, atol=tol)
+                check(ok, "allreduce %s %s %s n=%d" % (algo, dtype, op, n))
+
+def check_other():
+    check_torch()
+    check_gather_scatter()
+    check_async()
+
+
+def check_torch():
+    """torch tensors, including bfloat16 (which numpy lacks)."""
+    for dtype, tt in TORCH_TYPES.items():
+        for n in sizes:
+            for algo in ("ring", "hier", "mpi"):
+                x = torch.from_numpy(values(R, n, "sum").astype(np.float32)).to(tt)
+                c.allreduce(x, op="sum", algorithm=algo)
+                check(np.array_equal(x.double().numpy(), expected(n, "sum", "f")),
+                      "torch allreduce %s %s n=%d" % (algo, dtype, n))
+
+
+def check_gather_scatter():
+    """reduce_scatter, allgather (per-rank counts) and broadcast against mpi4py."""
+    for algo in ("ring", "mpi", "auto"):
+        counts = [5 + 3 * r for r in range(N)]
+        x = values(R, sum(counts), "sum").astype(np.float32)
+        mine = c.reduce_scatter(x, counts=counts, algorithm=algo)
+        ref = np.empty(counts[R], np.float32)
+        c.mpi.Reduce_scatter(x, ref, recvcounts=counts, op=MPI.SUM)
+        check(np.array_equal(mine, ref), "reduce_scatter %s" % algo)
+        part = np.arange(R + 2, dtype=np.int64) * 10 + R  # R+2 elements on rank R
+        got = c.allgather(part, algorithm=algo)
+        check(np.array_equal(got, np.concatenate(c.mpi.allgather(part))), "allgather %s" % algo)
+        b = values(R, 100003, "sum").astype(np.float64)
+        c.broadcast(b, root=N - 1, algorithm=algo)
+        check(np.array_equal(b, values(N - 1, 100003, "sum")), "broadcast %s" % algo)
+
+
+def check_async():
+    """Many handles in flight, waited out of order; timeline in submission order."""
+    hs, bufs = [], []
+    for k in range(40):
+        x = torch.from_numpy(values(R, 1000 + 997 * k, "sum").astype(np.float32))
+        bufs.append(x)
+        hs.append(c.allreduce_async(x, op="sum", name="t%d" % k))
+    for k in reversed(range(40)):
+        hs[k].wait()
+        check(np.array_equal(bufs[k].numpy(), expected(1000 + 997 * k, "sum", "f")),
+              "async %d" % k)
+    names = [rec["name"] for rec in c.timeline()]
+    check(names == ["t%d" % k for k in range(40)], "timeline order %s" % names[:5])
+
+
+if PART == "other":
+    check_other()
+elif PART.startswith("big:"):
+    check_allreduce("float32", [MAX_BYTES // 4], [PART[4:]])
+else:
+    check_allreduce(PART, sizes, ("ring", "hier", "mpi", "auto"))
+
+bad = c.mpi.allreduce(len(failures), op=MPI.SUM)
+if R == 0:
+    print("CHECKS %d FAILED %d" % (checks, bad), flush=True)
+sys.exit(1 if bad else 0)

@@ -1,0 +1,80 @@
+"""test_bench.py - `hpcdl bench allreduce`: size parsing, the test data and
+option checks in one process, then one small 2-rank run whose table must have
+the header, a row per size and implementation, and an OK verdict."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hpcdl.bench import allreduce as ar
+from mpi_harness import run_mpi
+
+BENCH = [sys.executable, "-m", "hpcdl", "bench", "allreduce"]
+
+
+@pytest.mark.parametrize("text, nbytes", [
+    ("4", 4), ("0", 0), ("4K", 4096), ("4k", 4096), ("64KiB", 65536), ("256M", 256 << 20),
+    ("256mb", 256 << 20), ("1G", 1 << 30), (" 8 ", 8), ("12B", 12)])
+def test_parse_size(text, nbytes):
+    assert ar.parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "K", "4X", "1.5M", "-4", "4 K B", "M4"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="bad size"):
+        ar.parse_size(text)
+
+
+def test_size_list_rounds_to_whole_elements():
+    assert ar.size_list(4, 256, 4, 4) == [4, 16, 64, 256]
+    assert ar.size_list(4, 64, 4, 8) == [8, 16, 64]      # 4 B -> one float64
+    assert ar.size_list(6, 100, 2, 4) == [4, 12, 24, 48, 96]
+
+
+def test_expected_sum_matches_formula():
+    n, count = 3, 50
+    i = np.arange(count)
+    want = sum((i * 7 + r * 13) % 17 - 8 for r in range(n))
+    send = np.empty(count, np.float32)
+    ar.fill_send(send, 2)
+    assert np.array_equal(send, (i * 7 + 2 * 13) % 17 - 8)
+    assert np.array_equal(ar.expected_sum(count, np.float32, n), want)
+
+
+def test_busbw():
+    assert ar.busbw(3.0, 1) == 0
+    assert ar.busbw(3.0, 2) == 3.0
+    assert ar.busbw(4.0, 4) == 6.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--min-bytes", "4X"], "bad size"), (["--min-bytes", "1M", "--max-bytes", "4K"],
+                                          "larger than"),
+    (["--factor", "1"], "factor"), (["--algorithms", "ring,nccl"], "unknown algorithm"),
+    (["--dtype", "float16"], "unknown --dtype"), (["-n", "0"], "-n must be")])
+def test_usage_errors(args, message):
+    r = subprocess.run(BENCH + args, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+@pytest.mark.mpi
+def test_two_rank_run(tmp_path):
+    out = tmp_path / "bench.json"
+    r = run_mpi(2, BENCH + ["--max-bytes", "64K", "--iters", "2", "--warmup", "1",
+                            "--time-budget", "0.2", "--json", str(out)], timeout=180)
+    assert r.returncode == 0, r.stdout
+    text = r.stdout
+    assert "# hpcdl bench allreduce" in text and "oversubscribed: no" in text
+    assert "agreement check: on" in text and "aggregate copy bandwidth" in text
+    assert "# Out of bounds values : 0 OK" in text
+    doc = json.loads(out.read_text())
+    assert doc["ranks"] == 2 and doc["copy_bw_GBps"] > 0
+    sizes = [4 << (2 * k) for k in range(8)]             # 4 B .. 64 KiB, x4
+    got = {(row["impl"], row["bytes"]) for row in doc["rows"]}
+    assert got == {(impl, b) for impl in ar.IMPLS for b in sizes}
+    for impl in ar.IMPLS:  # every implementation has a table row
+        assert any(impl in l.split() for l in text.splitlines() if " 65536 " in l), impl
+    assert all(row["wrong"] == 0 and row["time_us"] > 0 for row in doc["rows"])

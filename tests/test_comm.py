@@ -1,0 +1,106 @@
+"""test_comm.py - hpcdl.comm: buffer validation in one process, then the
+collectives under mpirun against MPI's own and float64 math (2, 3, 4 ranks,
+and 2 virtual nodes x 2 ranks for the hierarchical inter-node path), async
+ordering, and every misuse raising on every rank within seconds."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from hpcdl.comm import buffers
+from hpcdl.comm._types import algo_code, op_code
+from mpi_harness import run_python
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "mpi_scripts")
+
+
+# ---------------------------------------------------------------- one process
+def test_describe_numpy_and_torch_zero_copy():
+    a = np.arange(10, dtype=np.float32)
+    info = buffers.describe(a)
+    assert (info.ptr, info.count, info.dtype) == (a.ctypes.data, 10, "float32")
+    t = torch.zeros(3, 4, dtype=torch.bfloat16)
+    info = buffers.describe(t)
+    assert (info.ptr, info.count, info.dtype) == (t.data_ptr(), 12, "bfloat16")
+
+
+@pytest.mark.parametrize("bad, exc, words", [
+    (np.zeros((4, 4), np.float32)[:, 0], TypeError, "contiguous"),
+    (np.zeros(4, np.uint8), TypeError, "uint8"),
+    (torch.zeros(4, 4).t(), TypeError, "contiguous"),
+    (torch.zeros(4, dtype=torch.complex64), TypeError, "complex64"),
+    ([1.0, 2.0], TypeError, "numpy array or a torch tensor"),
+])
+def test_describe_rejects(bad, exc, words):
+    with pytest.raises(exc, match=words):
+        buffers.describe(bad)
+
+
+def test_readonly_numpy_rejected():
+    a = np.zeros(4, np.float32)
+    a.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        buffers.describe(a)
+
+
+def test_op_and_algorithm_names():
+    assert op_code("Average") == op_code("avg") == 1
+    assert algo_code("HIER") == 2
+    with pytest.raises(ValueError, match="unknown reduction op"):
+        op_code("median")
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        algo_code("tree")
+
+
+# ---------------------------------------------------------------- multi-rank
+PARTS = ["float32", "float64", "float16", "int32", "int64", "other"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("part", PARTS)
+def test_collectives_match_mpi(n, part):
+    r = run_python(n, os.path.join(SCRIPTS, "collectives_check.py"), args=[part])
+    assert "FAILED 0" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algo", ["ring", "hier", "mpi", "auto"])
+def test_allreduce_64mib(algo):
+    # 64 MiB where ranks <= cores; every op, against MPI_Allreduce
+    r = run_python(2, os.path.join(SCRIPTS, "collectives_check.py"),
+                   args=["big:" + algo, str(64 << 20)])
+    assert "FAILED 0" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("part", ["float32", "float16", "int64", "other"])
+def test_collectives_virtual_nodes_hier(part):
+    # 2 virtual nodes x 2 ranks: the inter-node ring of hier runs over real MPI
+    r = run_python(4, os.path.join(SCRIPTS, "collectives_check.py"), args=[part],
+                   env={"HPCDL_LOCAL_SIZE": "2"})
+    assert "FAILED 0" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_errors_raise_on_every_rank(n):
+    r = run_python(n, os.path.join(SCRIPTS, "errors_check.py"), timeout=60)
+    assert "ERRORS OK" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+def test_topology_from_mpi():
+    src = ("from hpcdl import comm; comm.init(); "
+           "print('TOPO', comm.rank(), comm.size(), comm.local_rank(), comm.local_size(), "
+           "comm.cross_rank(), comm.cross_size(), comm.thread_level())")
+    r = run_python(4, src, env={"HPCDL_LOCAL_SIZE": "2"})
+    rows = sorted(tuple(l.split("TOPO ")[1].split()) for l in r.stdout.splitlines()
+                  if "TOPO " in l)
+    assert rows == [("0", "4", "0", "2", "0", "2", "multiple"),
+                    ("1", "4", "1", "2", "0", "2", "multiple"),
+                    ("2", "4", "0", "2", "1", "2", "multiple"),
+                    ("3", "4", "1", "2", "1", "2", "multiple")], r.stdout
+    r = run_python(2, src.replace("comm.init()", "from mpi4py import MPI; comm.init()"))
+    assert r.stdout.count("TOPO") == 2 and " 2 0 1 multiple" in r.stdout, r.stdout
