@@ -127,13 +127,17 @@ def mpi4py_include():
     return mpi4py.get_include()
 
 
-core = Extension(
-    "hpcdl._core",
-    sources=[os.path.join("src_c", s) for s in CORE_SOURCES]
-    + sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src_c", "cuda", "*.c"))),
-    include_dirs=[os.path.join("src_c", "include"), "src_c", mpi4py_include()],
-    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-parameter"],
-    libraries=["pthread", "m"],
-)
+def core_extension():
+    return Extension(
+        "hpcdl._core",
+        sources=[os.path.join("src_c", s) for s in CORE_SOURCES]
+        + sorted(os.path.relpath(p, HERE)
+                 for p in glob.glob(os.path.join(HERE, "src_c", "cuda", "*.c"))),
+        include_dirs=[os.path.join("src_c", "include"), "src_c", mpi4py_include()],
+        extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-parameter"],
+        libraries=["pthread", "m"],
+    )
 
-setup(ext_modules=[core], cmdclass={"build_ext": BuildCore})
+
+if __name__ == "__main__":  # pip's build backend runs setup.py as __main__ too
+    setup(ext_modules=[core_extension()], cmdclass={"build_ext": BuildCore})
