@@ -9,8 +9,8 @@
  *
  *   staging (MPI not CUDA-aware): the buffer travels in pieces through two
  *   pinned host buffers; while the host all-reduces piece k with the host
- *   code (ring / hier / MPI), the stream copies piece k+1 down and piece k
- *   back up behind it:
+ *   code (ring / hier / MPI), the stream copies piece k-1 back up and piece
+ *   k+1 down:
  *
  *       stream:  D2H 0 | D2H 1         | H2D 0  D2H 2 | H2D 1  D2H 3 | ...
  *       host:          | all-reduce 0  | all-reduce 1 | all-reduce 2 | ...
@@ -22,6 +22,9 @@
  * when the thread exits. Nothing here runs until a device pointer is seen,
  * so a CUDA build imports and works on machines without GPU or driver.
  */
+// setup.py compiles every src_c/cuda/*.c, with or without CUDA: without it
+// this file is empty
+#ifdef HPCDL_WITH_CUDA
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -423,3 +426,5 @@ int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *
     }
     return rc;
 }
+
+#endif // HPCDL_WITH_CUDA

@@ -65,10 +65,10 @@ MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
 sizes = sorted({0, 1, N - 1, 1031, (1 << 20) + 3})
 
 
-def check_allreduce(dtype, sizes, algos):
+def check_allreduce(dtype, sizes, algos, ops=("sum", "average", "min", "max", "prod")):
     npt = NP_TYPES[dtype]
     for n in sizes:
-        for op in ("sum", "average", "min", "max", "prod"):
+        for op in ops:
             ref = expected(n, op, dtype)
             mpi_ref = None
             if op in MPI_OPS and dtype != "float16":  # MPI's own collective
@@ -138,7 +138,9 @@ def check_async():
 if PART == "other":
     check_other()
 elif PART.startswith("big:"):
-    check_allreduce("float32", [MAX_BYTES // 4], [PART[4:]])
+    # sum and max at full size (every op runs at 1 Mi + 3 here and at 64 MiB in
+    # src_c/tests), so each launch stays well inside the harness's timeout
+    check_allreduce("float32", [MAX_BYTES // 4], [PART[4:]], ops=("sum", "max"))
 else:
     check_allreduce(PART, sizes, ("ring", "hier", "mpi", "auto"))
 
