@@ -46,7 +46,7 @@ $(STAMP): $(VENV)/bin/python $(CORE_SOURCES)
 	  { echo "… installing $(TORCH_PIN)"; $(PIP) install $(TORCH_PIN); }
 	@$(PIP) install "setuptools>=64" wheel mpi4py
 	@echo "… building hpcdl (C core through mpicc)"
-	@$(PIP) install -v --no-build-isolation -e '.[test]' > $(VENV)/build.log 2>&1 || \
+	@$(VENV)/bin/pip --disable-pip-version-check install -v --no-build-isolation -e '.[test]' > $(VENV)/build.log 2>&1 || \
 	  { tail -40 $(VENV)/build.log; echo "✗ hpcdl did not build; full log: $(VENV)/build.log"; exit 1; }
 	@grep "hpcdl build:" $(VENV)/build.log | sed 's/^ *//' | sort -u
 	@$(PY) -c 'import hpcdl._core' || { echo "✗ hpcdl._core does not import; see $(VENV)/build.log"; exit 1; }

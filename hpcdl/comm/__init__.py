@@ -14,6 +14,7 @@ nodes of HPCDL_LOCAL_SIZE ranks; cross = ranks with the same local rank.
 import os
 
 from .communicator import Communicator, CoreError, Handle, MismatchError
+from .alltoall import alltoall  # all-to-all with per-rank counts (mpi4py; no C core yet)
 from ..utils.log import get_logger, print0, warn
 
 __all__ = ["init", "is_initialized", "shutdown", "world", "rank", "size", "local_rank",

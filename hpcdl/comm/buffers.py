@@ -57,8 +57,9 @@ def describe(buf, what="buffer", cuda_ok=False):
             raise TypeError("%s is not contiguous; pass t.contiguous()" % what)
         device = str(buf.device)
         if buf.device.type == "cuda" and not cuda_ok:
-            raise ValueError("%s is on %s but hpcdl's core was built without CUDA; move it "
-                             "to the CPU or rebuild with nvcc on PATH" % (what, device))
+            raise ValueError("%s is on %s, but this call takes CPU tensors only (hpcdl's "
+                             "device path covers all-reduce, and only in a core built with "
+                             "nvcc); move it to the CPU" % (what, device))
         if buf.device.type not in ("cpu", "cuda"):
             raise ValueError("%s is on %s; hpcdl handles cpu and cuda tensors" % (what, device))
         return BufferInfo(buf.data_ptr(), buf.numel(), name, device, buf)

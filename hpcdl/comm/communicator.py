@@ -77,8 +77,9 @@ class Communicator:
                     pass
             raise
 
-    def _describe(self, buf, what):
-        return buffers.describe(buf, what, cuda_ok=self._cuda)
+    def _describe(self, buf, what, device_ok=False):
+        # only all-reduce has a device path in the core so far
+        return buffers.describe(buf, what, cuda_ok=self._cuda and device_ok)
 
     def set_check(self, enabled):
         """Turn the cross-rank agreement check on or off (HPCDL_CHECK=0 at start)."""
@@ -101,8 +102,8 @@ class Communicator:
         """recv[i] = op over ranks of send[i]; in place when recv is None. Returns recv."""
         with self._validating("allreduce"):
             o, a = op_code(op), algo_code(algorithm)
-            s = self._describe(send, "send buffer")
-            r = s if recv is None else self._describe(recv, "recv buffer")
+            s = self._describe(send, "send buffer", device_ok=True)
+            r = s if recv is None else self._describe(recv, "recv buffer", device_ok=True)
             self._same_shape(s, r, "allreduce")
         self._ctx.allreduce(s.ptr, r.ptr, s.count, DTYPES[s.dtype], o, a)
         return r.obj
@@ -111,8 +112,8 @@ class Communicator:
         """Queues an all-reduce on the engine thread; returns a Handle."""
         try:
             o, a = op_code(op), algo_code(algorithm)
-            s = self._describe(send, "send buffer")
-            r = s if recv is None else self._describe(recv, "recv buffer")
+            s = self._describe(send, "send buffer", device_ok=True)
+            r = s if recv is None else self._describe(recv, "recv buffer", device_ok=True)
             self._same_shape(s, r, "allreduce_async")
         except (TypeError, ValueError):
             if self.check:  # the engine joins the agreement check as invalid
