@@ -101,6 +101,15 @@ int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *
                          size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo);
 #endif
 
+int hpcdl_dispatch_reduce_scatter(hpcdl_ctx *ctx, hpcdl_team *t, const void *send,
+                                   void *recv, const size_t *counts, hpcdl_dtype dtype,
+                                   hpcdl_op op, hpcdl_algo algo);
+int hpcdl_dispatch_allgatherv(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *recv,
+                              const size_t *counts, hpcdl_dtype dtype, hpcdl_algo algo);
+int hpcdl_dispatch_broadcast(hpcdl_ctx *ctx, hpcdl_team *t, void *buf, size_t count,
+                             hpcdl_dtype dtype, int root, hpcdl_algo algo);
+int hpcdl_check_enums(const char *what, hpcdl_dtype d, hpcdl_op op, hpcdl_algo a);
+
 MPI_Datatype hpcdl_mpi_dtype(hpcdl_dtype dtype);
 int hpcdl_mpi_op(hpcdl_dtype dtype, hpcdl_op op, MPI_Op *out);
 

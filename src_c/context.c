@@ -279,7 +279,7 @@ int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, vo
 // ----------------------------------------------------------------------------
 // public blocking collectives
 
-static int check_enums(const char *what, hpcdl_dtype d, hpcdl_op op, hpcdl_algo a) {
+int hpcdl_check_enums(const char *what, hpcdl_dtype d, hpcdl_op op, hpcdl_algo a) {
     if ((unsigned)d >= HPCDL_NUM_DTYPES || (unsigned)op >= HPCDL_NUM_OPS ||
         (unsigned)a >= HPCDL_NUM_ALGOS)
         return hpcdl_fail(HPCDL_ERR_ARG, "%s: dtype %d, op %d or algorithm %d out of range",
@@ -299,7 +299,7 @@ static int check_enums(const char *what, hpcdl_dtype d, hpcdl_op op, hpcdl_algo 
 
 int hpcdl_allreduce(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
                     hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
-    HPCDL_TRY(check_enums("allreduce", dtype, op, algo));
+    HPCDL_TRY(hpcdl_check_enums("allreduce", dtype, op, algo));
     return LOCKED(ctx, hpcdl_dispatch_allreduce(ctx, &ctx->main, send, recv, count, dtype,
                                                 op, algo, NULL));
 }
@@ -310,10 +310,9 @@ static uint64_t hash_counts(const size_t *counts, int n) {
     return h & 0x7fffffffffffffffull;
 }
 
-static int reduce_scatter_impl(hpcdl_ctx *ctx, const void *send, void *recv,
-                               const size_t *counts, hpcdl_dtype dtype, hpcdl_op op,
-                               hpcdl_algo algo) {
-    hpcdl_team *t = &ctx->main;
+int hpcdl_dispatch_reduce_scatter(hpcdl_ctx *ctx, hpcdl_team *t, const void *send,
+                                   void *recv, const size_t *counts, hpcdl_dtype dtype,
+                                   hpcdl_op op, hpcdl_algo algo) {
     if (ctx->check) {
         static const char *const names[] = {"valid", "counts (hash)", "dtype", "op", "algorithm"};
         int64_t sig[] = {1, (int64_t)hash_counts(counts, t->size), dtype, op, algo};
@@ -337,13 +336,13 @@ static int reduce_scatter_impl(hpcdl_ctx *ctx, const void *send, void *recv,
 int hpcdl_reduce_scatter(hpcdl_ctx *ctx, const void *send, void *recv,
                          const size_t *recvcounts, hpcdl_dtype dtype, hpcdl_op op,
                          hpcdl_algo algo) {
-    HPCDL_TRY(check_enums("reduce_scatter", dtype, op, algo));
-    return LOCKED(ctx, reduce_scatter_impl(ctx, send, recv, recvcounts, dtype, op, algo));
+    HPCDL_TRY(hpcdl_check_enums("reduce_scatter", dtype, op, algo));
+    return LOCKED(ctx, hpcdl_dispatch_reduce_scatter(ctx, &ctx->main, send, recv, recvcounts,
+                                                     dtype, op, algo));
 }
 
-static int allgatherv_impl(hpcdl_ctx *ctx, const void *send, void *recv,
-                           const size_t *counts, hpcdl_dtype dtype, hpcdl_algo algo) {
-    hpcdl_team *t = &ctx->main;
+int hpcdl_dispatch_allgatherv(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *recv,
+                              const size_t *counts, hpcdl_dtype dtype, hpcdl_algo algo) {
     if (ctx->check) {
         static const char *const names[] = {"valid", "counts (hash)", "dtype", "algorithm"};
         int64_t sig[] = {1, (int64_t)hash_counts(counts, t->size), dtype, algo};
@@ -369,13 +368,13 @@ static int allgatherv_impl(hpcdl_ctx *ctx, const void *send, void *recv,
 
 int hpcdl_allgatherv(hpcdl_ctx *ctx, const void *send, void *recv, const size_t *counts,
                      hpcdl_dtype dtype, hpcdl_algo algo) {
-    HPCDL_TRY(check_enums("allgather", dtype, HPCDL_SUM, algo));
-    return LOCKED(ctx, allgatherv_impl(ctx, send, recv, counts, dtype, algo));
+    HPCDL_TRY(hpcdl_check_enums("allgather", dtype, HPCDL_SUM, algo));
+    return LOCKED(ctx, hpcdl_dispatch_allgatherv(ctx, &ctx->main, send, recv, counts, dtype,
+                                                 algo));
 }
 
-static int broadcast_impl(hpcdl_ctx *ctx, void *buf, size_t count, hpcdl_dtype dtype,
-                          int root, hpcdl_algo algo) {
-    hpcdl_team *t = &ctx->main;
+int hpcdl_dispatch_broadcast(hpcdl_ctx *ctx, hpcdl_team *t, void *buf, size_t count,
+                             hpcdl_dtype dtype, int root, hpcdl_algo algo) {
     if (ctx->check) {
         static const char *const names[] = {"valid", "count", "dtype", "root", "algorithm"};
         int64_t sig[] = {1, (int64_t)count, dtype, root, algo};
@@ -399,8 +398,8 @@ static int broadcast_impl(hpcdl_ctx *ctx, void *buf, size_t count, hpcdl_dtype d
 
 int hpcdl_broadcast(hpcdl_ctx *ctx, void *buf, size_t count, hpcdl_dtype dtype, int root,
                     hpcdl_algo algo) {
-    HPCDL_TRY(check_enums("broadcast", dtype, HPCDL_SUM, algo));
-    return LOCKED(ctx, broadcast_impl(ctx, buf, count, dtype, root, algo));
+    HPCDL_TRY(hpcdl_check_enums("broadcast", dtype, HPCDL_SUM, algo));
+    return LOCKED(ctx, hpcdl_dispatch_broadcast(ctx, &ctx->main, buf, count, dtype, root, algo));
 }
 
 // A rank whose buffer failed validation joins the agreement check with

@@ -18,11 +18,18 @@
 
 #define TIMELINE_CAP 65536
 
+typedef enum { W_ALLREDUCE, W_REDUCE_SCATTER, W_ALLGATHERV, W_BROADCAST } work_kind;
+static const char *const kind_names[] = {"allreduce", "reduce_scatter", "allgather",
+                                         "broadcast"};
+
 typedef struct work {
     hpcdl_handle h;
+    work_kind kind;
     const void *send;
     void *recv;
-    size_t count;
+    size_t count;         // all-reduce, broadcast: elements; others: sum of counts
+    size_t *counts;       // reduce-scatter, all-gather: one per rank (owned copy)
+    int root;             // broadcast
     hpcdl_dtype dtype;
     hpcdl_op op;
     hpcdl_algo algo;
@@ -53,18 +60,34 @@ struct hpcdl_engine {
 // ----------------------------------------------------------------------------
 // running one item (engine thread, or caller's thread when not threaded)
 
+static int dispatch(hpcdl_ctx *ctx, work *w, hpcdl_algo *used) {
+    hpcdl_team *t = &ctx->eng;
+    if (!w->valid) { // join the agreement check as the rank with a bad buffer
+        static const char *const names[] = {"valid", "x", "x", "x", "x"};
+        int64_t sig[5] = {0, 0, 0, 0, 0};
+        return hpcdl_check_agree(t, kind_names[w->kind], sig,
+                                 w->kind == W_ALLGATHERV ? 4 : 5, names);
+    }
+    switch (w->kind) {
+    case W_ALLREDUCE:
+        return hpcdl_dispatch_allreduce(ctx, t, w->send, w->recv, w->count, w->dtype, w->op,
+                                        w->algo, used);
+    case W_REDUCE_SCATTER:
+        return hpcdl_dispatch_reduce_scatter(ctx, t, w->send, w->recv, w->counts, w->dtype,
+                                             w->op, w->algo);
+    case W_ALLGATHERV:
+        return hpcdl_dispatch_allgatherv(ctx, t, w->send, w->recv, w->counts, w->dtype,
+                                         w->algo);
+    default:
+        return hpcdl_dispatch_broadcast(ctx, t, w->recv, w->count, w->dtype, w->root, w->algo);
+    }
+}
+
 static void run_work(hpcdl_ctx *ctx, work *w) {
     w->t_start = MPI_Wtime();
     if (!ctx->thread_multiple) pthread_mutex_lock(&ctx->mpi_lock);
     hpcdl_algo used = w->algo;
-    if (!w->valid) {
-        static const char *const names[] = {"valid", "x", "x", "x", "x"};
-        int64_t sig[5] = {0, 0, 0, 0, 0};
-        w->status = hpcdl_check_agree(&ctx->eng, "allreduce_async", sig, 5, names);
-    } else {
-        w->status = hpcdl_dispatch_allreduce(ctx, &ctx->eng, w->send, w->recv, w->count,
-                                             w->dtype, w->op, w->algo, &used);
-    }
+    w->status = dispatch(ctx, w, &used);
     if (!ctx->thread_multiple) pthread_mutex_unlock(&ctx->mpi_lock);
     w->t_end = MPI_Wtime();
     w->used_algo = used;
@@ -107,6 +130,11 @@ static void *engine_main(void *arg) {
     return NULL;
 }
 
+static void free_work(work *w) {
+    free(w->counts);
+    free(w);
+}
+
 // ----------------------------------------------------------------------------
 // start / stop
 
@@ -143,7 +171,7 @@ void hpcdl_engine_stop(hpcdl_ctx *ctx) {
     }
     for (work *w = e->all, *next; w; w = next) {
         next = w->anext;
-        free(w);
+        free_work(w);
     }
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv_work);
@@ -159,8 +187,9 @@ void hpcdl_engine_stop(hpcdl_ctx *ctx) {
 static int submit(hpcdl_ctx *ctx, work *w, hpcdl_handle *out) {
     hpcdl_engine *e = ctx->engine;
     if (!e) {
-        free(w);
-        return hpcdl_fail(HPCDL_ERR_STATE, "allreduce_async: the context was shut down");
+        const char *what = kind_names[w->kind];
+        free_work(w);
+        return hpcdl_fail(HPCDL_ERR_STATE, "%s: the context was shut down", what);
     }
     w->t_submit = MPI_Wtime();
     pthread_mutex_lock(&e->mu);
@@ -185,24 +214,83 @@ static int submit(hpcdl_ctx *ctx, work *w, hpcdl_handle *out) {
     return HPCDL_OK;
 }
 
+static work *new_work(work_kind kind, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo,
+                      const char *name) {
+    work *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    w->kind = kind;
+    w->dtype = dtype;
+    w->op = op;
+    w->algo = algo;
+    w->valid = 1;
+    snprintf(w->name, sizeof w->name, "%s", name ? name : kind_names[kind]);
+    return w;
+}
+
+#define NEW_WORK_OR_FAIL(w, kind, what, d, o, a, name)                          \
+    HPCDL_TRY(hpcdl_check_enums(what, d, o, a));                               \
+    work *w = new_work(kind, d, o, a, name);                                   \
+    if (!w) return hpcdl_fail(HPCDL_ERR_NOMEM, "%s: out of memory", what)
+
 int hpcdl_allreduce_async(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
                           hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo, const char *name,
                           hpcdl_handle *out) {
-    if ((unsigned)dtype >= HPCDL_NUM_DTYPES || (unsigned)op >= HPCDL_NUM_OPS ||
-        (unsigned)algo >= HPCDL_NUM_ALGOS)
-        return hpcdl_fail(HPCDL_ERR_ARG, "allreduce_async: dtype, op or algorithm out of range");
-    work *w = calloc(1, sizeof *w);
-    if (!w) return hpcdl_fail(HPCDL_ERR_NOMEM, "allreduce_async: out of memory");
-    *w = (work){.send = send, .recv = recv, .count = count, .dtype = dtype, .op = op,
-                .algo = algo, .valid = 1};
-    snprintf(w->name, sizeof w->name, "%s", name ? name : "allreduce");
+    NEW_WORK_OR_FAIL(w, W_ALLREDUCE, "allreduce_async", dtype, op, algo, name);
+    w->send = send;
+    w->recv = recv;
+    w->count = count;
     return submit(ctx, w, out);
 }
 
-int hpcdl_allreduce_async_invalid(hpcdl_ctx *ctx, const char *name, hpcdl_handle *out) {
-    work *w = calloc(1, sizeof *w);
-    if (!w) return hpcdl_fail(HPCDL_ERR_NOMEM, "allreduce_async: out of memory");
-    snprintf(w->name, sizeof w->name, "%s", name ? name : "allreduce");
+// counts are copied: the caller's array may be gone before the engine runs
+static int with_counts(hpcdl_ctx *ctx, work *w, const size_t *counts, hpcdl_handle *out) {
+    int n = ctx->eng.size;
+    w->counts = malloc(sizeof(size_t) * (size_t)n);
+    if (!w->counts) {
+        const char *what = kind_names[w->kind];
+        free(w);
+        return hpcdl_fail(HPCDL_ERR_NOMEM, "%s: out of memory", what);
+    }
+    memcpy(w->counts, counts, sizeof(size_t) * (size_t)n);
+    for (int i = 0; i < n; i++) w->count += counts[i];
+    return submit(ctx, w, out);
+}
+
+int hpcdl_reduce_scatter_async(hpcdl_ctx *ctx, const void *send, void *recv,
+                               const size_t *recvcounts, hpcdl_dtype dtype, hpcdl_op op,
+                               hpcdl_algo algo, const char *name, hpcdl_handle *out) {
+    NEW_WORK_OR_FAIL(w, W_REDUCE_SCATTER, "reduce_scatter_async", dtype, op, algo, name);
+    w->send = send;
+    w->recv = recv;
+    return with_counts(ctx, w, recvcounts, out);
+}
+
+int hpcdl_allgatherv_async(hpcdl_ctx *ctx, const void *send, void *recv, const size_t *counts,
+                           hpcdl_dtype dtype, hpcdl_algo algo, const char *name,
+                           hpcdl_handle *out) {
+    NEW_WORK_OR_FAIL(w, W_ALLGATHERV, "allgather_async", dtype, HPCDL_SUM, algo, name);
+    w->send = send;
+    w->recv = recv;
+    return with_counts(ctx, w, counts, out);
+}
+
+int hpcdl_broadcast_async(hpcdl_ctx *ctx, void *buf, size_t count, hpcdl_dtype dtype,
+                          int root, hpcdl_algo algo, const char *name, hpcdl_handle *out) {
+    NEW_WORK_OR_FAIL(w, W_BROADCAST, "broadcast_async", dtype, HPCDL_SUM, algo, name);
+    w->recv = buf;
+    w->count = count;
+    w->root = root;
+    return submit(ctx, w, out);
+}
+
+int hpcdl_async_invalid(hpcdl_ctx *ctx, const char *what, const char *name,
+                        hpcdl_handle *out) {
+    work_kind kind = W_ALLREDUCE;
+    for (int k = 0; k < 4; k++)
+        if (what && !strncmp(what, kind_names[k], strlen(kind_names[k]))) kind = (work_kind)k;
+    work *w = new_work(kind, HPCDL_FLOAT32, HPCDL_SUM, HPCDL_ALGO_AUTO, name);
+    if (!w) return hpcdl_fail(HPCDL_ERR_NOMEM, "%s: out of memory", what);
+    w->valid = 0;
     return submit(ctx, w, out);
 }
 
@@ -242,7 +330,7 @@ int hpcdl_wait(hpcdl_ctx *ctx, hpcdl_handle h, char *errbuf, size_t errlen) {
     int status = w->status;
     if (status != HPCDL_OK) hpcdl_fail(status, "%s", w->err);
     if (errbuf && errlen) snprintf(errbuf, errlen, "%s", status == HPCDL_OK ? "" : w->err);
-    free(w);
+    free_work(w);
     return status;
 }
 

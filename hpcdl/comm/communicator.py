@@ -98,97 +98,133 @@ class Communicator:
         self._ctx.close()
 
     # ------------------------------------------------------------ collectives
-    def allreduce(self, send, recv=None, op="sum", algorithm="auto"):
-        """recv[i] = op over ranks of send[i]; in place when recv is None. Returns recv."""
-        with self._validating("allreduce"):
-            o, a = op_code(op), algo_code(algorithm)
-            s = self._describe(send, "send buffer", device_ok=True)
-            r = s if recv is None else self._describe(recv, "recv buffer", device_ok=True)
-            self._same_shape(s, r, "allreduce")
-        self._ctx.allreduce(s.ptr, r.ptr, s.count, DTYPES[s.dtype], o, a)
-        return r.obj
+    # Each collective has a _prep_* that validates and returns the core's
+    # arguments plus the result; the blocking and the _async form share it.
 
-    def allreduce_async(self, send, recv=None, op="sum", algorithm="auto", name="allreduce"):
-        """Queues an all-reduce on the engine thread; returns a Handle."""
+    def _run(self, call, what, prep, async_name=None):
+        """Blocking (async_name None) or queued run of one prepared collective."""
+        if async_name is None:
+            with self._validating(what, 4 if what == "allgather" else 5):
+                args, result, keep = prep()
+            getattr(self._ctx, call)(*args)
+            return result
         try:
-            o, a = op_code(op), algo_code(algorithm)
-            s = self._describe(send, "send buffer", device_ok=True)
-            r = s if recv is None else self._describe(recv, "recv buffer", device_ok=True)
-            self._same_shape(s, r, "allreduce_async")
+            args, result, keep = prep()
         except (TypeError, ValueError):
             if self.check:  # the engine joins the agreement check as invalid
-                h = self._ctx.allreduce_async_invalid(name)
                 try:
-                    self._ctx.wait(h)
+                    self._ctx.wait(self._ctx.async_invalid(what, async_name))
                 except _core.MismatchError:
                     pass
             raise
-        h = self._ctx.allreduce_async(s.ptr, r.ptr, s.count, DTYPES[s.dtype], o, a, name)
-        return Handle(self._ctx, h, (s.obj, r.obj), r.obj, name)
+        h = getattr(self._ctx, call + "_async")(*args, async_name)
+        return Handle(self._ctx, h, keep, result, async_name)
+
+    def allreduce(self, send, recv=None, op="sum", algorithm="auto"):
+        """recv[i] = op over ranks of send[i]; in place when recv is None. Returns recv."""
+        return self._run("allreduce", "allreduce",
+                         lambda: self._prep_allreduce(send, recv, op, algorithm))
+
+    def allreduce_async(self, send, recv=None, op="sum", algorithm="auto", name="allreduce"):
+        """Queues an all-reduce on the engine thread; returns a Handle."""
+        return self._run("allreduce", "allreduce",
+                         lambda: self._prep_allreduce(send, recv, op, algorithm), name)
+
+    def _prep_allreduce(self, send, recv, op, algorithm):
+        o, a = op_code(op), algo_code(algorithm)
+        s = self._describe(send, "send buffer", device_ok=True)
+        r = s if recv is None else self._describe(recv, "recv buffer", device_ok=True)
+        if s.count != r.count or s.dtype != r.dtype:
+            raise ValueError("allreduce: send has %d %s elements but recv has %d %s"
+                             % (s.count, s.dtype, r.count, r.dtype))
+        return (s.ptr, r.ptr, s.count, DTYPES[s.dtype], o, a), r.obj, (s.obj, r.obj)
 
     def reduce_scatter(self, send, recv=None, counts=None, op="sum", algorithm="auto"):
         """Rank r receives block r of the reduced send buffer (blocks of counts[i]
         elements, default an even split). Returns recv (allocated if None)."""
-        with self._validating("reduce_scatter"):
-            o, a = op_code(op), self._gather_algo(algorithm)
-            s = self._describe(send, "send buffer")
-            counts = self._counts(counts, s.count, "reduce_scatter")
-            if recv is None:
-                recv = buffers.empty_like(s.obj, counts[self.rank])
-            r = self._describe(recv, "recv buffer")
-            if r.count != counts[self.rank] or r.dtype != s.dtype:
-                raise ValueError("reduce_scatter: recv buffer has %d %s elements, need %d %s"
-                                 % (r.count, r.dtype, counts[self.rank], s.dtype))
-        self._ctx.reduce_scatter(s.ptr, r.ptr, counts, DTYPES[s.dtype], o, a)
-        return r.obj
+        return self._run("reduce_scatter", "reduce_scatter",
+                         lambda: self._prep_reduce_scatter(send, recv, counts, op, algorithm))
+
+    def reduce_scatter_async(self, send, recv=None, counts=None, op="sum", algorithm="auto",
+                             name="reduce_scatter"):
+        return self._run("reduce_scatter", "reduce_scatter",
+                         lambda: self._prep_reduce_scatter(send, recv, counts, op, algorithm),
+                         name)
+
+    def _prep_reduce_scatter(self, send, recv, counts, op, algorithm):
+        o, a = op_code(op), self._gather_algo(algorithm)
+        s = self._describe(send, "send buffer")
+        counts = self._counts(counts, s.count, "reduce_scatter")
+        if recv is None:
+            recv = buffers.empty_like(s.obj, counts[self.rank])
+        r = self._describe(recv, "recv buffer")
+        if r.count != counts[self.rank] or r.dtype != s.dtype:
+            raise ValueError("reduce_scatter: recv buffer has %d %s elements, need %d %s"
+                             % (r.count, r.dtype, counts[self.rank], s.dtype))
+        return (s.ptr, r.ptr, counts, DTYPES[s.dtype], o, a), r.obj, (s.obj, r.obj)
 
     def allgather(self, send, recv=None, counts=None, algorithm="auto"):
         """Concatenates every rank's send buffer in rank order; ranks may send
         different counts (gathered first when counts is None). Returns recv."""
-        if counts is None:
-            # the counts gather doubles as the validity exchange: a rank with a
-            # bad buffer sends None, so every rank fails instead of waiting
-            try:
-                a = self._gather_algo(algorithm)
-                s = self._describe(send, "send buffer")
-                err = None
-            except (TypeError, ValueError) as e:
-                s, err = None, e
-            counts = self.mpi.allgather(None if s is None else s.count)
-            if err is not None:
-                raise err
-            bad = [i for i, c in enumerate(counts) if c is None]
-            if bad:
-                raise MismatchError("allgather: rank(s) %s passed an invalid buffer (see "
-                                    "their error)" % bad)
-        else:
-            with self._validating("allgather", nsig=4):
-                a = self._gather_algo(algorithm)
-                s = self._describe(send, "send buffer")
-        with self._validating("allgather", nsig=4):
-            counts = [int(c) for c in counts]
-            if len(counts) != self.size or counts[self.rank] != s.count:
-                raise ValueError("allgather: counts %s do not match this rank's %d elements"
-                                 % (counts, s.count))
-            if recv is None:
-                recv = buffers.empty_like(s.obj, sum(counts))
-            r = self._describe(recv, "recv buffer")
-            if r.count != sum(counts) or r.dtype != s.dtype:
-                raise ValueError("allgather: recv buffer has %d %s elements, need %d %s"
-                                 % (r.count, r.dtype, sum(counts), s.dtype))
-        self._ctx.allgatherv(s.ptr, r.ptr, counts, DTYPES[s.dtype], a)
-        return r.obj
+        counts = self._gather_counts(send, counts)
+        return self._run("allgatherv", "allgather",
+                         lambda: self._prep_allgather(send, recv, counts, algorithm))
+
+    def allgather_async(self, send, recv=None, counts=None, algorithm="auto",
+                        name="allgather"):
+        counts = self._gather_counts(send, counts)
+        return self._run("allgatherv", "allgather",
+                         lambda: self._prep_allgather(send, recv, counts, algorithm), name)
+
+    def _gather_counts(self, send, counts):
+        """counts as given, or every rank's element count. The exchange doubles as
+        the validity check: a rank with a bad buffer sends None and every rank
+        fails instead of waiting."""
+        if counts is not None:
+            return counts
+        try:
+            mine, err = self._describe(send, "send buffer").count, None
+        except (TypeError, ValueError) as e:
+            mine, err = None, e
+        counts = self.mpi.allgather(mine)
+        if err is not None:
+            raise err
+        bad = [i for i, c in enumerate(counts) if c is None]
+        if bad:
+            raise MismatchError("allgather: rank(s) %s passed an invalid buffer (see their "
+                                "error)" % bad)
+        return counts
+
+    def _prep_allgather(self, send, recv, counts, algorithm):
+        a = self._gather_algo(algorithm)
+        s = self._describe(send, "send buffer")
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size or counts[self.rank] != s.count:
+            raise ValueError("allgather: counts %s do not match this rank's %d elements"
+                             % (counts, s.count))
+        if recv is None:
+            recv = buffers.empty_like(s.obj, sum(counts))
+        r = self._describe(recv, "recv buffer")
+        if r.count != sum(counts) or r.dtype != s.dtype:
+            raise ValueError("allgather: recv buffer has %d %s elements, need %d %s"
+                             % (r.count, r.dtype, sum(counts), s.dtype))
+        return (s.ptr, r.ptr, counts, DTYPES[s.dtype], a), r.obj, (s.obj, r.obj)
 
     def broadcast(self, buf, root=0, algorithm="auto"):
         """Every rank's buf becomes root's. Returns buf."""
-        with self._validating("broadcast"):
-            a = self._gather_algo(algorithm)
-            b = self._describe(buf, "buffer")
-            if not 0 <= int(root) < self.size:
-                raise ValueError("broadcast: root %d is not a rank (0..%d)"
-                                 % (root, self.size - 1))
-        self._ctx.broadcast(b.ptr, b.count, DTYPES[b.dtype], int(root), a)
-        return b.obj
+        return self._run("broadcast", "broadcast",
+                         lambda: self._prep_broadcast(buf, root, algorithm))
+
+    def broadcast_async(self, buf, root=0, algorithm="auto", name="broadcast"):
+        return self._run("broadcast", "broadcast",
+                         lambda: self._prep_broadcast(buf, root, algorithm), name)
+
+    def _prep_broadcast(self, buf, root, algorithm):
+        a = self._gather_algo(algorithm)
+        b = self._describe(buf, "buffer")
+        if not 0 <= int(root) < self.size:
+            raise ValueError("broadcast: root %d is not a rank (0..%d)" % (root, self.size - 1))
+        return (b.ptr, b.count, DTYPES[b.dtype], int(root), a), b.obj, b.obj
 
     def timeline(self):
         """Drains the engine's records: dicts with name, bytes, algorithm, times."""
@@ -212,9 +248,3 @@ class Communicator:
         # hier is an all-reduce design; the other collectives use the ring for it
         a = algo_code(algorithm)
         return algo_code("ring") if a == algo_code("hier") else a
-
-    @staticmethod
-    def _same_shape(s, r, call):
-        if s.count != r.count or s.dtype != r.dtype:
-            raise ValueError("%s: send has %d %s elements but recv has %d %s"
-                             % (call, s.count, s.dtype, r.count, r.dtype))

@@ -17,6 +17,7 @@
  *        rank r contributes counts[r] elements; recv gets all blocks in rank order.
  *   hpcdl_broadcast(ctx, buf, count, dtype, root, algo)
  *   hpcdl_allreduce_async(...) -> handle; hpcdl_poll / hpcdl_wait
+ *        (also reduce_scatter, allgatherv and broadcast _async)
  *        queued to one background thread; operations complete in submission
  *        order on every rank.
  *
@@ -133,9 +134,20 @@ hpcdl_algo hpcdl_choose_algo(const hpcdl_ctx *ctx, size_t bytes);
 int hpcdl_allreduce_async(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
                           hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo,
                           const char *name, hpcdl_handle *out);
-// As above for a rank whose buffer failed validation: the queued work only
-// joins the agreement check, so every rank's operation fails.
-int hpcdl_allreduce_async_invalid(hpcdl_ctx *ctx, const char *name, hpcdl_handle *out);
+// The same for the other collectives (arguments as in the blocking calls).
+int hpcdl_reduce_scatter_async(hpcdl_ctx *ctx, const void *send, void *recv,
+                               const size_t *recvcounts, hpcdl_dtype dtype, hpcdl_op op,
+                               hpcdl_algo algo, const char *name, hpcdl_handle *out);
+int hpcdl_allgatherv_async(hpcdl_ctx *ctx, const void *send, void *recv, const size_t *counts,
+                           hpcdl_dtype dtype, hpcdl_algo algo, const char *name,
+                           hpcdl_handle *out);
+int hpcdl_broadcast_async(hpcdl_ctx *ctx, void *buf, size_t count, hpcdl_dtype dtype,
+                          int root, hpcdl_algo algo, const char *name, hpcdl_handle *out);
+// For a rank whose buffer failed validation: the queued work only joins the
+// agreement check of `what` ("allreduce", "reduce_scatter", "allgather",
+// "broadcast"), so every rank's operation fails instead of waiting.
+int hpcdl_async_invalid(hpcdl_ctx *ctx, const char *what, const char *name,
+                        hpcdl_handle *out);
 // 1 if done, 0 if not yet, <0 on unknown handle.
 int hpcdl_poll(hpcdl_ctx *ctx, hpcdl_handle h);
 // Blocks until done; returns the operation's status and copies its message

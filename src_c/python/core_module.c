@@ -197,13 +197,61 @@ static PyObject *Context_allreduce_async(ContextObject *self, PyObject *args) {
     return PyLong_FromLongLong(h);
 }
 
-static PyObject *Context_allreduce_async_invalid(ContextObject *self, PyObject *args) {
+static PyObject *Context_reduce_scatter_async(ContextObject *self, PyObject *args) {
+    unsigned long long s, r;
+    PyObject *counts_obj;
+    int d, op, algo;
     const char *name;
-    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    if (!PyArg_ParseTuple(args, "KKOiiis", &s, &r, &counts_obj, &d, &op, &algo, &name))
+        return NULL;
+    hpcdl_ctx *c = get_ctx(self);
+    if (!c) return NULL;
+    size_t *counts = seq_to_counts(counts_obj, hpcdl_size(c));
+    if (!counts) return NULL;
+    hpcdl_handle h = 0;
+    int rc = hpcdl_reduce_scatter_async(c, as_ptr(s), as_ptr(r), counts, d, op, algo, name, &h);
+    PyMem_Free(counts);
+    if (rc != HPCDL_OK) return raise_rc(rc, hpcdl_last_error());
+    return PyLong_FromLongLong(h);
+}
+
+static PyObject *Context_allgatherv_async(ContextObject *self, PyObject *args) {
+    unsigned long long s, r;
+    PyObject *counts_obj;
+    int d, algo;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "KKOiis", &s, &r, &counts_obj, &d, &algo, &name)) return NULL;
+    hpcdl_ctx *c = get_ctx(self);
+    if (!c) return NULL;
+    size_t *counts = seq_to_counts(counts_obj, hpcdl_size(c));
+    if (!counts) return NULL;
+    hpcdl_handle h = 0;
+    int rc = hpcdl_allgatherv_async(c, as_ptr(s), as_ptr(r), counts, d, algo, name, &h);
+    PyMem_Free(counts);
+    if (rc != HPCDL_OK) return raise_rc(rc, hpcdl_last_error());
+    return PyLong_FromLongLong(h);
+}
+
+static PyObject *Context_broadcast_async(ContextObject *self, PyObject *args) {
+    unsigned long long b, count;
+    int d, root, algo;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "KKiiis", &b, &count, &d, &root, &algo, &name)) return NULL;
     hpcdl_ctx *c = get_ctx(self);
     if (!c) return NULL;
     hpcdl_handle h = 0;
-    int rc = hpcdl_allreduce_async_invalid(c, name, &h);
+    int rc = hpcdl_broadcast_async(c, as_ptr(b), (size_t)count, d, root, algo, name, &h);
+    if (rc != HPCDL_OK) return raise_rc(rc, hpcdl_last_error());
+    return PyLong_FromLongLong(h);
+}
+
+static PyObject *Context_async_invalid(ContextObject *self, PyObject *args) {
+    const char *what, *name;
+    if (!PyArg_ParseTuple(args, "ss", &what, &name)) return NULL;
+    hpcdl_ctx *c = get_ctx(self);
+    if (!c) return NULL;
+    hpcdl_handle h = 0;
+    int rc = hpcdl_async_invalid(c, what, name, &h);
     if (rc != HPCDL_OK) return raise_rc(rc, hpcdl_last_error());
     return PyLong_FromLongLong(h);
 }
@@ -291,7 +339,10 @@ static PyMethodDef Context_methods[] = {
     {"broadcast", (PyCFunction)Context_broadcast, METH_VARARGS, "broadcast(buf, count, dtype, root, algo)"},
     {"report_invalid", (PyCFunction)Context_report_invalid, METH_VARARGS, "report_invalid(what, nsig)"},
     {"allreduce_async", (PyCFunction)Context_allreduce_async, METH_VARARGS, "allreduce_async(send, recv, count, dtype, op, algo, name) -> handle"},
-    {"allreduce_async_invalid", (PyCFunction)Context_allreduce_async_invalid, METH_VARARGS, "allreduce_async_invalid(name) -> handle"},
+    {"reduce_scatter_async", (PyCFunction)Context_reduce_scatter_async, METH_VARARGS, "reduce_scatter_async(send, recv, counts, dtype, op, algo, name) -> handle"},
+    {"allgatherv_async", (PyCFunction)Context_allgatherv_async, METH_VARARGS, "allgatherv_async(send, recv, counts, dtype, algo, name) -> handle"},
+    {"broadcast_async", (PyCFunction)Context_broadcast_async, METH_VARARGS, "broadcast_async(buf, count, dtype, root, algo, name) -> handle"},
+    {"async_invalid", (PyCFunction)Context_async_invalid, METH_VARARGS, "async_invalid(what, name) -> handle"},
     {"poll", (PyCFunction)Context_poll, METH_VARARGS, "poll(handle) -> bool"},
     {"wait", (PyCFunction)Context_wait, METH_VARARGS, "wait(handle)"},
     {"timeline_drain", (PyCFunction)Context_timeline_drain, METH_NOARGS, "list of (handle, name, bytes, algo, t_submit, t_start, t_end, status)"},

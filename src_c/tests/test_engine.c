@@ -58,6 +58,38 @@ int main(int argc, char **argv) {
         CHECK(k == 0 || recs[k].t_start >= recs[k - 1].t_end, "record %zu overlaps its predecessor", k);
         CHECK(recs[k].bytes == counts[k] * hpcdl_dtype_size(dts[k]), "record %zu bytes", k);
     }
+    // the other collectives through the engine, interleaved with an all-reduce
+    size_t *cnt = malloc(sizeof(size_t) * (size_t)n), tot = 0;
+    for (int r = 0; r < n; r++) tot += (cnt[r] = (size_t)(100 + 7 * r));
+    size_t off = 0;
+    for (int r = 0; r < rank; r++) off += cnt[r];
+    double *src = malloc(tot * sizeof(double)), *part = malloc(cnt[rank] * sizeof(double));
+    double *gath = malloc(tot * sizeof(double)), *bc = malloc(500 * sizeof(double));
+    for (size_t i = 0; i < tot; i++) src[i] = test_value(rank, i, HPCDL_SUM);
+    for (int i = 0; i < 500; i++) bc[i] = test_value(rank, (size_t)i, HPCDL_SUM);
+    hpcdl_handle hrs, hag, hbc;
+    OK(hpcdl_reduce_scatter_async(ctx, src, part, cnt, HPCDL_FLOAT64, HPCDL_SUM,
+                                  HPCDL_ALGO_RING, "rs", &hrs));
+    OK(hpcdl_broadcast_async(ctx, bc, 500, HPCDL_FLOAT64, n - 1, HPCDL_ALGO_AUTO, "bc", &hbc));
+    OK(hpcdl_wait(ctx, hrs, NULL, 0));
+    OK(hpcdl_allgatherv_async(ctx, part, gath, cnt, HPCDL_FLOAT64, HPCDL_ALGO_AUTO, "ag", &hag));
+    OK(hpcdl_wait(ctx, hag, NULL, 0));
+    OK(hpcdl_wait(ctx, hbc, NULL, 0));
+    size_t bad = 0;
+    for (size_t i = 0; i < cnt[rank]; i++)
+        if (part[i] != expected(n, off + i, HPCDL_FLOAT64, HPCDL_SUM)) bad++;
+    for (size_t i = 0; i < tot; i++)
+        if (gath[i] != expected(n, i, HPCDL_FLOAT64, HPCDL_SUM)) bad++;
+    for (int i = 0; i < 500; i++)
+        if (bc[i] != test_value(n - 1, (size_t)i, HPCDL_SUM)) bad++;
+    CHECK(bad == 0, "rank %d async reduce_scatter / allgather / broadcast: %zu wrong", rank, bad);
+    free(cnt);
+    free(src);
+    free(part);
+    free(gath);
+    free(bc);
+    hpcdl_timeline_drain(ctx, recs, NOPS + 4);
+
     // poll eventually reports completion
     float y[1000];
     for (int i = 0; i < 1000; i++) y[i] = (float)(rank + i);

@@ -133,6 +133,21 @@ def check_async():
               "async %d" % k)
     names = [rec["name"] for rec in c.timeline()]
     check(names == ["t%d" % k for k in range(40)], "timeline order %s" % names[:5])
+    # the other collectives through the engine, all in flight together
+    counts = [7 + 5 * r for r in range(N)]
+    x = values(R, sum(counts), "sum").astype(np.float64)
+    h_rs = c.reduce_scatter_async(x, counts=counts, name="rs")
+    part = np.arange(R + 3, dtype=np.int32) * 100 + R
+    h_ag = c.allgather_async(part, name="ag")
+    b = values(R, 5003, "sum").astype(np.float32)
+    h_bc = c.broadcast_async(b, root=N - 1, name="bc")
+    mine = h_rs.wait()
+    off = sum(counts[:R])
+    check(np.array_equal(mine, expected(sum(counts), "sum", "f")[off:off + counts[R]]),
+          "reduce_scatter_async")
+    check(np.array_equal(h_ag.wait(), np.concatenate(c.mpi.allgather(part))), "allgather_async")
+    check(np.array_equal(h_bc.wait(), values(N - 1, 5003, "sum")), "broadcast_async")
+    check([r["name"] for r in c.timeline()] == ["rs", "ag", "bc"], "timeline of other ops")
 
 
 if PART == "other":

@@ -44,6 +44,15 @@ expect(TypeError, lambda: c.allreduce(np.zeros(4, np.uint8)), ["uint8"])
 # async mismatch surfaces at wait()
 expect(comm.MismatchError, lambda: c.allreduce_async(np.zeros(10 + R, np.float32)).wait(),
        ["count"])
+# async broadcast with a bad buffer on one rank: every rank fails
+bbuf = np.zeros(8, np.uint8 if R == 0 else np.float32)
+expect(TypeError if R == 0 else comm.MismatchError,
+       lambda: c.broadcast_async(bbuf).wait(), ["uint8"] if R == 0 else ["bad buffer"])
+# allgather where one rank passes a non-contiguous buffer
+g = np.zeros((6, 2), np.float32)
+gbuf = g[:, 0] if R == N - 1 else g[:, 0].copy()
+expect(TypeError if R == N - 1 else comm.MismatchError, lambda: c.allgather(gbuf),
+       ["contiguous"] if R == N - 1 else ["invalid buffer"])
 # after all that, a correct call still works
 y = np.full(5, R + 1, np.float32)
 c.allreduce(y)
