@@ -1,0 +1,265 @@
+"""optimizer.py - DistributedOptimizer: gradients are averaged over ranks in
+fusion buckets while backward still runs.
+
+When things happen:
+  * at construction, parameters are assigned to buckets in reverse order of
+    registration (roughly the order backward produces their gradients): a
+    small first bucket so communication starts early, then buckets of
+    HPCDL_FUSION_THRESHOLD bytes (default 25 MiB). Each parameter's .grad
+    becomes a view into its bucket's flat buffer, so no packing copy is needed.
+  * during backward, a hook fires as each gradient is accumulated; once every
+    parameter of bucket i has its gradient (after backward_passes_per_step
+    passes) and buckets 0..i-1 are submitted, bucket i goes to the engine
+    thread as one asynchronous all-reduce. Submitting strictly in bucket order
+    keeps the order identical on every rank whatever order hooks fire in.
+  * step() (or synchronize()) submits buckets whose parameters got no gradient
+    (as zeros), waits for every bucket, undoes compression and scaling in
+    place, then calls the wrapped optimizer's step().
+"""
+import contextlib
+import os
+import time
+import warnings
+
+import torch
+
+from .. import comm
+
+FIRST_BUCKET_BYTES = 1 << 20
+
+
+def fusion_threshold():
+    return int(os.environ.get("HPCDL_FUSION_THRESHOLD", str(25 << 20)))
+
+
+class _Bucket:
+    """Parameters fused into one flat buffer and one all-reduce."""
+
+    def __init__(self, index, params, names):
+        self.index, self.params, self.names = index, params, names
+        dtype, device = params[0].dtype, params[0].device
+        self.numel = sum(p.numel() for p in params)
+        self.buffer = torch.zeros(self.numel, dtype=dtype, device=device)
+        self.views, offset = [], 0
+        for p in params:
+            self.views.append(self.buffer[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.ready = 0        # parameters whose gradient is complete this step
+        self.handle = None    # comm.Handle while in flight
+        self.ctx = None       # compression context
+        self.sent = None      # the (possibly compressed) tensor in flight
+        self.t_ready = self.t_submit = 0.0
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wraps an optimizer so that step() applies gradients averaged over all
+    ranks. A plain wrapper: param_groups and state are the wrapped optimizer's
+    own objects, so LR schedulers and checkpoints see one optimizer."""
+
+    def __init__(self, optimizer, named_parameters=None, compression=None,
+                 backward_passes_per_step=1, op="average", gradient_predivide_factor=1.0,
+                 groups=None):
+        from .compression import Compression
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        super().__init__(params, dict(optimizer.defaults))
+        self.param_groups, self.state = optimizer.param_groups, optimizer.state
+        self._opt = optimizer
+        self._compression = compression if compression is not None else Compression.none
+        self._passes_per_step = int(backward_passes_per_step)
+        if self._passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be >= 1")
+        self._op = _op_name(op)
+        self._predivide = float(gradient_predivide_factor)
+        if self._predivide != 1.0 and self._op != "average":
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        self._names = _param_names(params, named_parameters)
+        self._buckets = _make_buckets(params, self._names, groups)
+        self._bucket_of = {p: (b, i) for b in self._buckets for i, p in enumerate(b.params)}
+        self._passes = {p: 0 for p in params}
+        self._next_submit = 0
+        self._synchronized = False
+        self._skip_sync = False
+        self.timeline = []    # per bucket and step: phase times (see hpcdl.trace)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in params]
+        for b in self._buckets:
+            for p, v in zip(b.params, b.views):
+                p.grad = v
+
+    # ------------------------------------------------------------ backward side
+    def _hook(self, p):
+        b, i = self._bucket_of[p]
+        if p.grad is not b.views[i]:  # grads were reset to None: fold into the bucket
+            b.views[i].copy_(p.grad)
+            p.grad = b.views[i]
+        self._passes[p] += 1
+        if self._passes[p] > self._passes_per_step:
+            raise RuntimeError(
+                "gradients of %s were computed %d times before step(), but "
+                "backward_passes_per_step=%d: the all-reduce of its bucket is already in "
+                "flight and would read a half-updated buffer. Call step() (or "
+                "synchronize()) after every %d backward passes."
+                % (self._names[p], self._passes[p], self._passes_per_step,
+                   self._passes_per_step))
+        if self._passes[p] == self._passes_per_step:
+            b.ready += 1
+            if b.ready == len(b.params):
+                b.t_ready = time.perf_counter()
+                self._submit_in_order(upto=len(self._buckets) - 1, force=False)
+
+    def _submit_in_order(self, upto, force):
+        """Submits buckets next_submit..upto while each is complete (or force)."""
+        while self._next_submit <= upto:
+            b = self._buckets[self._next_submit]
+            if not force and b.ready < len(b.params):
+                return
+            self._submit(b)
+            self._next_submit += 1
+
+    def _submit(self, b):
+        b.t_submit = time.perf_counter()
+        t = b.buffer
+        if self._predivide != 1.0:
+            t.mul_(1.0 / self._predivide)
+        b.sent, b.ctx = self._compression.compress(t, name="bucket.%d" % b.index)
+        b.handle = comm.allreduce_async(b.sent, op=self._op, name="bucket.%d" % b.index)
+
+    # ------------------------------------------------------------- step side
+    def synchronize(self):
+        """Waits for every bucket's all-reduce; afterwards each p.grad holds the
+        average over ranks. Buckets with parameters that got no gradient this
+        step are sent now (their missing gradients count as zero)."""
+        if self._next_submit == 0 and all(n == 0 for n in self._passes.values()):
+            self._synchronized = True
+            return  # no backward since the last step: nothing to reduce
+        self._submit_in_order(upto=len(self._buckets) - 1, force=True)
+        for b in self._buckets:
+            t_wait = time.perf_counter()
+            b.handle.wait()
+            t_done = time.perf_counter()
+            out = self._compression.decompress(b.sent, b.ctx)
+            if out is not b.buffer:
+                b.buffer.copy_(out)
+            if self._predivide != 1.0:
+                b.buffer.mul_(self._predivide)
+            self.timeline.append((b.index, b.numel * b.buffer.element_size(), b.t_ready,
+                                  b.t_submit, t_wait, t_done, time.perf_counter()))
+            b.handle = b.sent = b.ctx = None
+            b.ready = 0
+        for p in self._passes:
+            self._passes[p] = 0
+        self._next_submit = 0
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this block does not synchronize again: for
+        synchronize(); clip_grad_norm_(...); step() sequences."""
+        self._skip_sync = True
+        try:
+            yield
+        finally:
+            self._skip_sync = False
+
+    def step(self, closure=None):
+        if self._skip_sync:
+            if not self._synchronized:
+                raise RuntimeError("step() inside skip_synchronize() but synchronize() "
+                                   "was not called since the last backward: gradients "
+                                   "would not be averaged over ranks")
+        else:
+            if self._synchronized and self._next_submit == 0:
+                warnings.warn("step() after synchronize() outside skip_synchronize(): "
+                              "wrap step() in `with optimizer.skip_synchronize():`")
+            self.synchronize()
+        self._synchronized = False
+        return self._opt.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        """Zeroes the gradients in place (they are views into the buckets, so
+        set_to_none is not honoured). Refuses between backward and step."""
+        if self._next_submit > 0 or any(n for n in self._passes.values()):
+            raise RuntimeError(
+                "zero_grad() was called after backward() but before step() or "
+                "synchronize(): the gradients' all-reduce is in flight (or about to be) "
+                "and zeroing them now would lose this step. Call zero_grad() before "
+                "backward(), or after step().")
+        for b in self._buckets:
+            b.buffer.zero_()
+            for p, v in zip(b.params, b.views):
+                p.grad = v
+
+    # ------------------------------------------------------ delegate the rest
+    def state_dict(self):
+        return self._opt.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self._opt.load_state_dict(state_dict)
+        self.param_groups, self.state = self._opt.param_groups, self._opt.state
+
+    def add_param_group(self, param_group):
+        if not hasattr(self, "_hooks"):  # torch.optim.Optimizer.__init__ building groups
+            return super().add_param_group(param_group)
+        raise RuntimeError("add_param_group on a DistributedOptimizer is not supported: "
+                           "add the group to the wrapped optimizer first, then wrap it")
+
+    def __repr__(self):
+        return "DistributedOptimizer(%r, buckets=%d)" % (self._opt, len(self._buckets))
+
+
+# ---------------------------------------------------------------- helpers
+def _op_name(op):
+    name = getattr(op, "name", op)
+    name = str(name).lower()
+    aliases = {"avg": "average", "product": "prod"}
+    name = aliases.get(name, name)
+    if name not in ("average", "sum", "min", "max", "prod"):
+        raise ValueError("op must be Average, Sum, Min, Max or Product, not %r" % (op,))
+    return name
+
+
+def _param_names(params, named_parameters):
+    """{param: name}; checks Horovod's rules on named_parameters."""
+    if named_parameters is None:
+        return {p: "allreduce.noname.%d" % i for i, p in enumerate(params)}
+    named = list(named_parameters)
+    names = [n for n, _ in named]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise ValueError("parameter names in named_parameters must be unique; duplicates: %s"
+                         % ", ".join(dups))
+    by_param = {p: n for n, p in named}
+    missing = [p for p in params if p not in by_param]
+    if missing:
+        raise ValueError("named_parameters was given, but %d parameter(s) of the optimizer "
+                         "are not in it (shapes %s). Pass model.named_parameters() of the "
+                         "model whose parameters the optimizer holds."
+                         % (len(missing), [tuple(p.shape) for p in missing[:5]]))
+    return {p: by_param[p] for p in params}
+
+
+def _make_buckets(params, names, groups):
+    """Buckets in reverse parameter order: a small first one, then threshold-sized,
+    never mixing dtypes or devices. groups: None, an int (that many equal
+    buckets) or a list of parameter lists (each one bucket)."""
+    if isinstance(groups, (list, tuple)):
+        listed = [p for g in groups for p in g]
+        rest = [p for p in params if p not in set(listed)]
+        plan = [list(g) for g in groups if g] + [[p] for p in reversed(rest)]
+        return [_Bucket(i, g, [names[p] for p in g]) for i, g in enumerate(plan)]
+    order = list(reversed(params))
+    if isinstance(groups, int) and groups > 0:
+        per = -(-len(order) // groups)
+        plan = [order[i:i + per] for i in range(0, len(order), per)]
+    else:
+        plan, cur, cur_bytes, limit = [], [], 0, FIRST_BUCKET_BYTES
+        for p in order:
+            nbytes = p.numel() * p.element_size()
+            if cur and (cur_bytes + nbytes > limit or p.dtype != cur[0].dtype
+                        or p.device != cur[0].device):
+                plan.append(cur)
+                cur, cur_bytes, limit = [], 0, fusion_threshold()
+            cur.append(p)
+            cur_bytes += nbytes
+        if cur:
+            plan.append(cur)
+    return [_Bucket(i, g, [names[p] for p in g]) for i, g in enumerate(plan)]
