@@ -45,3 +45,10 @@ def test_small_fusion_threshold_many_buckets():
 def test_misuse_errors():
     r = run_python(2, os.path.join(SCRIPTS, "torch_optimizer_misuse.py"))
     assert "MISUSE OK" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+def test_timeline_has_every_phase(tmp_path):
+    trace = tmp_path / "trace.json"
+    r = run_python(2, os.path.join(SCRIPTS, "torch_timeline_check.py"), args=[str(trace)])
+    assert "TIMELINE OK" in r.stdout, r.stdout

@@ -18,12 +18,13 @@ When things happen:
 """
 import contextlib
 import os
-import time
 import warnings
 
 import torch
+from mpi4py import MPI
 
 from .. import comm
+from ..trace import timeline as _timeline
 
 FIRST_BUCKET_BYTES = 1 << 20
 
@@ -48,7 +49,7 @@ class _Bucket:
         self.handle = None    # comm.Handle while in flight
         self.ctx = None       # compression context
         self.sent = None      # the (possibly compressed) tensor in flight
-        self.t_ready = self.t_submit = 0.0
+        self.t_ready = self.t_submit = self.t_submitted = 0.0
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -79,7 +80,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._next_submit = 0
         self._synchronized = False
         self._skip_sync = False
-        self.timeline = []    # per bucket and step: phase times (see hpcdl.trace)
+        self._t_backward = None  # first gradient hook of this step (MPI_Wtime)
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in params]
         for b in self._buckets:
             for p, v in zip(b.params, b.views):
@@ -87,6 +88,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------ backward side
     def _hook(self, p):
+        if self._t_backward is None:
+            self._t_backward = MPI.Wtime()
         b, i = self._bucket_of[p]
         if p.grad is not b.views[i]:  # grads were reset to None: fold into the bucket
             b.views[i].copy_(p.grad)
@@ -103,7 +106,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._passes[p] == self._passes_per_step:
             b.ready += 1
             if b.ready == len(b.params):
-                b.t_ready = time.perf_counter()
+                b.t_ready = MPI.Wtime()
                 self._submit_in_order(upto=len(self._buckets) - 1, force=False)
 
     def _submit_in_order(self, upto, force):
@@ -116,12 +119,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._next_submit += 1
 
     def _submit(self, b):
-        b.t_submit = time.perf_counter()
+        b.t_submit = MPI.Wtime()
+        if b.ready < len(b.params):  # sent by synchronize(), not by its last hook
+            b.t_ready = b.t_submit
         t = b.buffer
         if self._predivide != 1.0:
             t.mul_(1.0 / self._predivide)
         b.sent, b.ctx = self._compression.compress(t, name="bucket.%d" % b.index)
         b.handle = comm.allreduce_async(b.sent, op=self._op, name="bucket.%d" % b.index)
+        b.t_submitted = MPI.Wtime()
 
     # ------------------------------------------------------------- step side
     def synchronize(self):
@@ -132,22 +138,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._synchronized = True
             return  # no backward since the last step: nothing to reduce
         self._submit_in_order(upto=len(self._buckets) - 1, force=True)
+        tl = _timeline.active()
+        if tl is not None and self._t_backward is not None:
+            tl.span("backward", "backward", self._t_backward,
+                    max(b.t_ready for b in self._buckets))
         for b in self._buckets:
-            t_wait = time.perf_counter()
+            t_wait = MPI.Wtime()
             b.handle.wait()
-            t_done = time.perf_counter()
+            t_done = MPI.Wtime()
             out = self._compression.decompress(b.sent, b.ctx)
             if out is not b.buffer:
                 b.buffer.copy_(out)
             if self._predivide != 1.0:
                 b.buffer.mul_(self._predivide)
-            self.timeline.append((b.index, b.numel * b.buffer.element_size(), b.t_ready,
-                                  b.t_submit, t_wait, t_done, time.perf_counter()))
+            if tl is not None:
+                row = "bucket.%d" % b.index
+                tl.span(row, "pack", b.t_ready, b.t_submitted, params=len(b.params))
+                tl.span(row, "wait", t_wait, t_done)
+                tl.span(row, "unpack", t_done, MPI.Wtime())
             b.handle = b.sent = b.ctx = None
             b.ready = 0
+        if tl is not None:
+            tl.add_engine_records(comm.world().timeline())
         for p in self._passes:
             self._passes[p] = 0
         self._next_submit = 0
+        self._t_backward = None
         self._synchronized = True
 
     @contextlib.contextmanager

@@ -1,0 +1,94 @@
+"""timeline.py - a Chrome trace (chrome://tracing, ui.perfetto.dev) of what the
+ranks did: per fusion bucket its pack, queue, communicate and unpack phases
+beside the backward pass, and every other asynchronous collective.
+
+    HPCDL_TIMELINE=trace.json python train.py    # from the first optimizer step
+    hvd.start_timeline("trace.json"); ...; hvd.stop_timeline()
+
+Times are MPI_Wtime() seconds (the clock the C engine stamps with), shown
+relative to the timeline's start; pid = rank, one row (tid) per bucket.
+stop_timeline() is collective and writes one file from rank 0; with
+HPCDL_TIMELINE each rank writes its own events at exit (rank r > 0 to
+trace.rank<r>.json), since exit is no place for collectives.
+"""
+import atexit
+import json
+import os
+
+from .. import comm
+
+_active = None
+
+
+class Timeline:
+    def __init__(self, path):
+        from mpi4py import MPI
+        self.path, self.rank = path, comm.rank()
+        self.t0 = MPI.Wtime()
+        self.events = []
+        self._rows = {}
+
+    def _tid(self, row):
+        if row not in self._rows:
+            self._rows[row] = len(self._rows) + 1
+            self.events.append({"name": "thread_name", "ph": "M", "pid": self.rank,
+                                "tid": self._rows[row], "args": {"name": row}})
+        return self._rows[row]
+
+    def span(self, row, name, t_begin, t_end, **args):
+        """One complete event from t_begin to t_end (MPI_Wtime seconds)."""
+        if t_end < t_begin:
+            return
+        self.events.append({"name": name, "cat": row, "ph": "X", "pid": self.rank,
+                            "tid": self._tid(row), "ts": (t_begin - self.t0) * 1e6,
+                            "dur": (t_end - t_begin) * 1e6, "args": args})
+
+    def add_engine_records(self, records):
+        """Records from Communicator.timeline(): queue and communicate phases."""
+        for r in records:
+            row = r["name"]
+            self.span(row, "queue", r["t_submit"], r["t_start"])
+            self.span(row, "communicate", r["t_start"], r["t_end"], bytes=r["bytes"],
+                      algorithm=r["algorithm"])
+
+    def write(self, path=None, events=None):
+        path = path or self.path
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"traceEvents": events or self.events, "displayTimeUnit": "ms"}, f)
+        os.replace(tmp, path)  # readers never see half a file
+
+
+def active():
+    """The running Timeline, started by start_timeline() or HPCDL_TIMELINE."""
+    global _active
+    if _active is None and os.environ.get("HPCDL_TIMELINE"):
+        path = os.environ["HPCDL_TIMELINE"]
+        _active = Timeline(path)
+        atexit.register(_write_own, _active)
+    return _active
+
+
+def _write_own(tl):
+    base, ext = os.path.splitext(tl.path)
+    tl.write(tl.path if tl.rank == 0 else "%s.rank%d%s" % (base, tl.rank, ext or ".json"))
+
+
+def start_timeline(path):
+    """Starts recording (every rank); events go to path at stop_timeline()."""
+    global _active
+    _active = Timeline(path)
+    return _active
+
+
+def stop_timeline():
+    """Collective: gathers every rank's events to rank 0, which writes the file."""
+    global _active
+    tl, _active = _active, None
+    if tl is None:
+        return None
+    tl.add_engine_records(comm.world().timeline())
+    gathered = comm.world().mpi.gather(tl.events, root=0)
+    if tl.rank == 0:
+        tl.write(events=[e for evs in gathered for e in evs])
+    return tl.path
