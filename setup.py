@@ -20,7 +20,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE_SOURCES = ["error.c", "reduce.c", "ring.c", "shm.c", "hierarchical.c", "context.c",
-                "engine.c", "cuda_support.c", "python/core_module.c"]
+                "engine.c", "stall.c", "cuda_support.c", "python/core_module.c"]
 
 
 def say(msg):

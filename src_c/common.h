@@ -51,6 +51,7 @@ typedef struct {
 } hpcdl_team;
 
 typedef struct hpcdl_engine hpcdl_engine;
+typedef struct hpcdl_stall hpcdl_stall;
 
 struct hpcdl_ctx {
     hpcdl_team main;          // used by blocking calls on the caller's thread
@@ -59,7 +60,11 @@ struct hpcdl_ctx {
     int thread_multiple;      // MPI granted MPI_THREAD_MULTIPLE
     pthread_mutex_t mpi_lock; // serialises MPI between threads when it did not
     hpcdl_engine *engine;
+    hpcdl_stall *stall;       // the stall inspector's heartbeat; NULL when off
 };
+
+int hpcdl_stall_start(hpcdl_ctx *ctx, MPI_Comm comm);
+void hpcdl_stall_stop(hpcdl_ctx *ctx);
 
 // ----------------------------------------------------------------------------
 // building blocks (each is collective over the team's communicators)

@@ -67,6 +67,7 @@ int hpcdl_ctx_create(MPI_Comm comm, int local_size, hpcdl_ctx **out) {
     int rc = hpcdl_team_create(&ctx->main, comm, local_size);
     if (rc == HPCDL_OK) rc = hpcdl_team_create(&ctx->eng, comm, local_size);
     if (rc == HPCDL_OK) rc = hpcdl_engine_start(ctx);
+    if (rc == HPCDL_OK) rc = hpcdl_stall_start(ctx, comm);
     if (rc != HPCDL_OK) {
         free(ctx); // communicators of a half-built context are left to MPI_Finalize
         return rc;
@@ -77,6 +78,7 @@ int hpcdl_ctx_create(MPI_Comm comm, int local_size, hpcdl_ctx **out) {
 
 int hpcdl_ctx_destroy(hpcdl_ctx *ctx) {
     if (!ctx) return HPCDL_OK;
+    hpcdl_stall_stop(ctx);
     hpcdl_engine_stop(ctx);
     int rc = hpcdl_team_free(&ctx->eng);
     int rc2 = hpcdl_team_free(&ctx->main);

@@ -55,6 +55,8 @@ struct hpcdl_engine {
     hpcdl_handle next_handle;
     hpcdl_timeline_rec *tl; // ring buffer of finished records
     size_t tl_head, tl_len;
+    work *running;          // the item the engine thread works on, if any
+    int64_t submitted, completed;
 };
 
 // ----------------------------------------------------------------------------
@@ -119,9 +121,12 @@ static void *engine_main(void *arg) {
         work *w = e->qhead;
         e->qhead = w->qnext;
         if (!e->qhead) e->qtail = NULL;
+        e->running = w;
         pthread_mutex_unlock(&e->mu); // the collective runs without the queue lock
         run_work(ctx, w);
         pthread_mutex_lock(&e->mu);
+        e->running = NULL;
+        e->completed++;
         w->done = 1;
         record(e, w);
         pthread_cond_broadcast(&e->cv_done);
@@ -194,6 +199,7 @@ static int submit(hpcdl_ctx *ctx, work *w, hpcdl_handle *out) {
     w->t_submit = MPI_Wtime();
     pthread_mutex_lock(&e->mu);
     w->h = e->next_handle++;
+    e->submitted++;
     w->anext = e->all;
     e->all = w;
     *out = w->h;
@@ -208,6 +214,7 @@ static int submit(hpcdl_ctx *ctx, work *w, hpcdl_handle *out) {
     pthread_mutex_unlock(&e->mu);
     run_work(ctx, w);
     pthread_mutex_lock(&e->mu);
+    e->completed++;
     w->done = 1;
     record(e, w);
     pthread_mutex_unlock(&e->mu);
@@ -292,6 +299,23 @@ int hpcdl_async_invalid(hpcdl_ctx *ctx, const char *what, const char *name,
     if (!w) return hpcdl_fail(HPCDL_ERR_NOMEM, "%s: out of memory", what);
     w->valid = 0;
     return submit(ctx, w, out);
+}
+
+// For the stall inspector: counts, and the oldest unfinished items' names.
+void hpcdl_engine_progress(hpcdl_ctx *ctx, hpcdl_progress *out) {
+    hpcdl_engine *e = ctx->engine;
+    memset(out, 0, sizeof *out);
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    out->submitted = e->submitted;
+    out->completed = e->completed;
+    int k = 0;
+    const work *oldest = e->running ? e->running : e->qhead;
+    if (oldest) out->waited_s = MPI_Wtime() - oldest->t_submit;
+    if (e->running) snprintf(out->pending[k++], sizeof out->pending[0], "%.47s", e->running->name);
+    for (const work *w = e->qhead; w && k < HPCDL_PROGRESS_NAMES; w = w->qnext)
+        snprintf(out->pending[k++], sizeof out->pending[0], "%.47s", w->name);
+    pthread_mutex_unlock(&e->mu);
 }
 
 static work *find(hpcdl_engine *e, hpcdl_handle h, work ***link) {

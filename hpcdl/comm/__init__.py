@@ -11,7 +11,10 @@
 Topology: local = ranks sharing memory with this one (a node), or virtual
 nodes of HPCDL_LOCAL_SIZE ranks; cross = ranks with the same local rank.
 """
+import atexit
 import os
+import sys
+import traceback
 
 from .communicator import Communicator, CoreError, Handle, MismatchError
 from .alltoall import alltoall  # all-to-all with per-rank counts (mpi4py; no C core yet)
@@ -46,10 +49,36 @@ def init(comm=None, local_size=None):
         {MPI.THREAD_SINGLE: 0, MPI.THREAD_FUNNELED: 1, MPI.THREAD_SERIALIZED: 2,
          MPI.THREAD_MULTIPLE: 3}.get(provided, 0))
     _world = Communicator(comm if comm is not None else MPI.COMM_WORLD, local_size)
+    if _world.size > 1 and os.environ.get("HPCDL_ABORT_ON_EXCEPTION", "1") != "0":
+        sys.excepthook = _abort_on_exception
+    atexit.register(_shutdown_at_exit)
     if provided != MPI.THREAD_MULTIPLE and _world.rank == 0:
         warn("MPI granted thread level %r, not 'multiple': async collectives take turns "
              "with the caller's thread and overlap less" % _thread_level)
     return _world
+
+
+def _abort_on_exception(exc_type, exc, tb):
+    """An uncaught exception on one rank ends the whole job (MPI_Abort): the
+    other ranks would otherwise wait for it forever in their next collective.
+    HPCDL_ABORT_ON_EXCEPTION=0 keeps Python's default."""
+    traceback.print_exception(exc_type, exc, tb)
+    if issubclass(exc_type, KeyboardInterrupt):
+        return
+    sys.stderr.write("[rank %d] error: uncaught %s; ending the job on every rank "
+                     "(MPI_Abort)\n" % (_world.rank if _world else -1, exc_type.__name__))
+    sys.stderr.flush()
+    from mpi4py import MPI
+    MPI.COMM_WORLD.Abort(1)
+
+
+def _shutdown_at_exit():
+    # collective, like MPI_Finalize that follows it: stops the engine and the
+    # stall inspector's heartbeat before MPI goes away
+    try:
+        shutdown()
+    except Exception as e:  # exit must go on
+        warn("shutdown at exit failed: %s" % e)
 
 
 def is_initialized():

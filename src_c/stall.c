@@ -1,0 +1,168 @@
+/*
+ * stall.c - the stall inspector. A heartbeat thread per context exchanges,
+ * every fraction of a second, each rank's engine progress (operations
+ * submitted and finished, names of the oldest unfinished ones, how long they
+ * have waited) in one small MPI_Allgather on its own communicator. Every
+ * rank so sees the same picture, and when operations have waited longer than
+ * HPCDL_STALL_CHECK_TIME_SECONDS (default 60) while some ranks have not
+ * submitted them, rank 0 warns, naming those ranks and the operations. With
+ * HPCDL_STALL_SHUTDOWN_TIME_SECONDS set, every rank reaches the same verdict
+ * after that long and the job ends (MPI_Abort) instead of hanging.
+ * HPCDL_STALL_CHECK_DISABLE=1 turns it off. Shutdown is collective: the
+ * thread keeps exchanging until every rank has asked to stop.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "common.h"
+#include "engine.h"
+
+struct hpcdl_stall {
+    pthread_t thread;
+    MPI_Comm comm;       // own duplicate: heartbeats never match other traffic
+    double interval_s;   // between heartbeats
+    double check_s;      // warn after this long
+    double shutdown_s;   // abort after this long; 0 = never
+    double last_warn;    // MPI_Wtime of the last warning
+    int stop;            // guarded by mu
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static double env_seconds(const char *name, double dflt) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end;
+    double x = strtod(v, &end);
+    return *end == '\0' && x >= 0 ? x : dflt;
+}
+
+// ----------------------------------------------------------------------------
+// the verdict (same data on every rank, so the same verdict everywhere)
+
+static void describe_stall(const hpcdl_progress *all, int n, char *msg, size_t len) {
+    int lead = 0;
+    for (int r = 1; r < n; r++)
+        if (all[r].submitted > all[lead].submitted) lead = r;
+    int pos = snprintf(msg, len, "stall inspector: operations have waited %.0f s for ranks "
+                       "that have not submitted them:", all[lead].waited_s);
+    for (int r = 0; r < n && pos < (int)len - 120; r++) {
+        if (all[r].submitted >= all[lead].submitted) continue;
+        pos += snprintf(msg + pos, len - (size_t)pos, " rank %d is missing", r);
+        for (int64_t k = all[r].submitted + 1; k <= all[lead].submitted; k++) {
+            int64_t idx = k - all[lead].completed - 1; // position in the lead's pending list
+            if (idx < 0 || idx >= HPCDL_PROGRESS_NAMES) continue;
+            pos += snprintf(msg + pos, len - (size_t)pos, " %s", all[lead].pending[idx]);
+        }
+        pos += snprintf(msg + pos, len - (size_t)pos, " (submitted %lld of %lld);",
+                        (long long)all[r].submitted, (long long)all[lead].submitted);
+    }
+    snprintf(msg + pos, len - (size_t)pos, " Hint: every rank must submit the same "
+             "collectives in the same order; is one rank stuck, slower, or on another "
+             "code path?");
+}
+
+static void inspect(hpcdl_ctx *ctx, struct hpcdl_stall *s, const hpcdl_progress *all, int n) {
+    int64_t max_sub = 0;
+    double waited = 0;
+    for (int r = 0; r < n; r++) {
+        if (all[r].submitted > max_sub) max_sub = all[r].submitted;
+        if (all[r].waited_s > waited) waited = all[r].waited_s;
+    }
+    int behind = 0;
+    for (int r = 0; r < n; r++) behind += all[r].submitted < max_sub;
+    if (!behind || waited < s->check_s) return;
+    char msg[1024];
+    describe_stall(all, n, msg, sizeof msg);
+    int rank = ctx->main.rank;
+    double now = MPI_Wtime();
+    if (rank == 0 && now - s->last_warn >= s->check_s) {
+        fprintf(stderr, "[rank 0] warning: %s\n", msg);
+        fflush(stderr);
+        s->last_warn = now;
+    }
+    if (s->shutdown_s > 0 && waited >= s->shutdown_s) {
+        fprintf(stderr, "[rank %d] error: %s Ending the job: stalled for longer than "
+                "HPCDL_STALL_SHUTDOWN_TIME_SECONDS=%g.\n", rank, msg, s->shutdown_s);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the heartbeat thread
+
+static int wait_interval(struct hpcdl_stall *s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long ns = ts.tv_nsec + (long)(s->interval_s * 1e9);
+    ts.tv_sec += ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop && pthread_cond_timedwait(&s->cv, &s->mu, &ts) != ETIMEDOUT) {
+    }
+    int stop = s->stop;
+    pthread_mutex_unlock(&s->mu);
+    return stop;
+}
+
+static void *stall_main(void *arg) {
+    hpcdl_ctx *ctx = arg;
+    struct hpcdl_stall *s = ctx->stall;
+    int n = ctx->main.size;
+    hpcdl_progress *all = calloc((size_t)n, sizeof *all);
+    for (;;) {
+        hpcdl_progress me;
+        int stopping = wait_interval(s);
+        hpcdl_engine_progress(ctx, &me);
+        me.stopping = stopping;
+        if (!all || MPI_Allgather(&me, sizeof me, MPI_BYTE, all, sizeof me, MPI_BYTE,
+                                  s->comm) != MPI_SUCCESS)
+            break; // no inspector rather than a broken one; collectives still report errors
+        int everyone = 1;
+        for (int r = 0; r < n; r++) everyone &= all[r].stopping;
+        if (everyone) break;
+        inspect(ctx, s, all, n);
+    }
+    free(all);
+    return NULL;
+}
+
+// Collective over the context's communicator.
+int hpcdl_stall_start(hpcdl_ctx *ctx, MPI_Comm comm) {
+    const char *off = getenv("HPCDL_STALL_CHECK_DISABLE");
+    if ((off && *off && strcmp(off, "0")) || !ctx->thread_multiple || ctx->main.size == 1)
+        return HPCDL_OK;
+    struct hpcdl_stall *s = calloc(1, sizeof *s);
+    if (!s) return hpcdl_fail(HPCDL_ERR_NOMEM, "stall inspector: out of memory");
+    s->check_s = env_seconds("HPCDL_STALL_CHECK_TIME_SECONDS", 60);
+    s->shutdown_s = env_seconds("HPCDL_STALL_SHUTDOWN_TIME_SECONDS", 0);
+    s->interval_s = s->check_s / 4 < 0.05 ? 0.05 : s->check_s / 4 > 1 ? 1 : s->check_s / 4;
+    MPI_CHECK(MPI_Comm_dup(comm, &s->comm));
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    ctx->stall = s;
+    if (pthread_create(&s->thread, NULL, stall_main, ctx) != 0) {
+        ctx->stall = NULL;
+        MPI_Comm_free(&s->comm);
+        free(s);
+    }
+    return HPCDL_OK;
+}
+
+// Collective: returns once every rank has asked its heartbeat thread to stop.
+void hpcdl_stall_stop(hpcdl_ctx *ctx) {
+    struct hpcdl_stall *s = ctx->stall;
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    MPI_Comm_free(&s->comm);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+    ctx->stall = NULL;
+}
