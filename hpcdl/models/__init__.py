@@ -1,17 +1,43 @@
-"""hpcdl.models - the models `hpcdl train --model NAME` can build, by name.
+"""hpcdl.models - the models `hpcdl train --model NAME` can build, by name,
+and the image models the examples (examples/) build the same way.
 
     from hpcdl import models
     net = models.build("mlp", in_features=64, num_classes=10, hidden=(256, 128))
+    net = models.build("resnet18", in_features=(3, 32, 32), num_classes=10)
+
+in_features is the shape of one sample: an int F for flat rows (B, F), or
+(C, H, W) for images (B, C, H, W). The MLP flattens images; ResNets need them.
 """
 
 # name -> builder(in_features, num_classes, **options); imported on use so
-# that listing the names (the CLI does, before launching) does not load torch
+# that listing the names (the CLI does, before launching) does not load torch.
+# NAMES are the ones `hpcdl train` trains: flat rows, and no batch norm, so N
+# ranks follow one process's path. IMAGE_NAMES need (C, H, W) samples.
 NAMES = ("mlp",)
+IMAGE_NAMES = ("resnet18", "resnet50")
+ALL_NAMES = NAMES + IMAGE_NAMES
 
 
 def build(name, in_features, num_classes, **options):
-    """A freshly initialised model (seed torch first for identical weights)."""
+    """A freshly initialised model (seed torch first for identical weights).
+
+    mlp options: hidden. resnet options: small_input (default: the CIFAR stem
+    for images up to 64x64, else the ImageNet stem), norm_layer."""
     if name == "mlp":
         from .mlp import MLP
-        return MLP(in_features, num_classes, **options)
-    raise ValueError("unknown model %r; use one of: %s" % (name, ", ".join(NAMES)))
+        if isinstance(in_features, int):
+            return MLP(in_features, num_classes, **options)
+        from torch import nn
+        width = 1
+        for d in in_features:
+            width *= d
+        return nn.Sequential(nn.Flatten(), MLP(width, num_classes, **options))
+    if name in IMAGE_NAMES:
+        from . import resnet
+        if isinstance(in_features, int) or len(in_features) != 3:
+            raise ValueError("%s takes images: give in_features as (C, H, W), e.g. "
+                             "(3, 32, 32), not %r" % (name, in_features))
+        c, h, w = in_features
+        options.setdefault("small_input", h <= 64 and w <= 64)
+        return getattr(resnet, name)(num_classes, in_channels=c, **options)
+    raise ValueError("unknown model %r; use one of: %s" % (name, ", ".join(ALL_NAMES)))

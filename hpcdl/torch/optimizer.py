@@ -25,6 +25,7 @@ from mpi4py import MPI
 
 from .. import comm
 from ..trace import timeline as _timeline
+from .compression import compress
 
 FIRST_BUCKET_BYTES = 1 << 20
 
@@ -61,6 +62,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  backward_passes_per_step=1, op="average", gradient_predivide_factor=1.0,
                  groups=None):
         from .compression import Compression
+        from ._basics import comm_op
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         super().__init__(params, dict(optimizer.defaults))
         self.param_groups, self.state = optimizer.param_groups, optimizer.state
@@ -69,7 +71,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._passes_per_step = int(backward_passes_per_step)
         if self._passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be >= 1")
-        self._op = _op_name(op)
+        self._op = comm_op(op)
         self._predivide = float(gradient_predivide_factor)
         if self._predivide != 1.0 and self._op != "average":
             raise ValueError("gradient_predivide_factor needs op=Average")
@@ -125,7 +127,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         t = b.buffer
         if self._predivide != 1.0:
             t.mul_(1.0 / self._predivide)
-        b.sent, b.ctx = self._compression.compress(t, name="bucket.%d" % b.index)
+        b.sent, b.ctx = compress(self._compression, t, "bucket.%d" % b.index)
         b.handle = comm.allreduce_async(b.sent, op=self._op, name="bucket.%d" % b.index)
         b.t_submitted = MPI.Wtime()
 
@@ -223,16 +225,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
 
 # ---------------------------------------------------------------- helpers
-def _op_name(op):
-    name = getattr(op, "name", op)
-    name = str(name).lower()
-    aliases = {"avg": "average", "product": "prod"}
-    name = aliases.get(name, name)
-    if name not in ("average", "sum", "min", "max", "prod"):
-        raise ValueError("op must be Average, Sum, Min, Max or Product, not %r" % (op,))
-    return name
-
-
 def _param_names(params, named_parameters):
     """{param: name}; checks Horovod's rules on named_parameters."""
     if named_parameters is None:

@@ -74,8 +74,9 @@ def _write_own(tl):
     tl.write(tl.path if tl.rank == 0 else "%s.rank%d%s" % (base, tl.rank, ext or ".json"))
 
 
-def start_timeline(path):
-    """Starts recording (every rank); events go to path at stop_timeline()."""
+def start_timeline(path, mark_cycles=False):
+    """Starts recording (every rank); events go to path at stop_timeline().
+    mark_cycles is accepted for Horovod compatibility and ignored."""
     global _active
     _active = Timeline(path)
     return _active

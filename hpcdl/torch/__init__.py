@@ -1,0 +1,34 @@
+"""hpcdl.torch - Horovod's PyTorch API on hpcdl's collectives, so that a
+Horovod script runs with one changed line:
+
+    import hpcdl.torch as hvd          # was: import horovod.torch as hvd
+    hvd.init()
+    torch.manual_seed(42)
+    model = Net()
+    optimizer = optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+Run with `hpcdl run -n 4 -- python train.py` (or mpirun / srun). What is
+supported and how it differs from Horovod: docs/horovod.md.
+"""
+from .compression import Compression
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters)
+from .mpi_ops import *  # noqa: F401,F403 - the collectives grid, listed in mpi_ops.__all__
+from .mpi_ops import __all__ as _ops_all
+from .sync_batch_norm import SyncBatchNorm
+from ..trace import start_timeline, stop_timeline
+
+try:  # written alongside this package; the rest works without it
+    from .optimizer import DistributedOptimizer
+except ImportError as _e:  # only a missing optimizer module is tolerated
+    if getattr(_e, "name", None) != __name__ + ".optimizer":
+        raise
+
+__all__ = list(_ops_all) + ["Compression", "SyncBatchNorm", "broadcast_parameters",
+                            "broadcast_optimizer_state", "broadcast_object",
+                            "allgather_object", "start_timeline", "stop_timeline"]
+if "DistributedOptimizer" in globals():
+    __all__.append("DistributedOptimizer")

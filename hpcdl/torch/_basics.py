@@ -1,0 +1,165 @@
+"""_basics.py - start-up, topology and reduction ops of the Horovod surface:
+init / shutdown / rank / size ..., the build flags Horovod scripts query, and
+the op constants with Horovod's values (Average=0, Sum=1, Adasum=2, Min=3,
+Max=4, Product=5; an IntEnum, so they also carry a .name) plus the legacy
+`average=` argument."""
+import enum
+import warnings
+
+from .. import comm
+from . import _handles
+
+
+class ReduceOp(enum.IntEnum):
+    """Horovod's reduction ops, equal to Horovod's integer values."""
+    Average = 0
+    Sum = 1
+    Adasum = 2
+    Min = 3
+    Max = 4
+    Product = 5
+
+
+Average, Sum, Adasum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum,
+                                           ReduceOp.Min, ReduceOp.Max, ReduceOp.Product)
+_COMM_OPS = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
+
+
+# --------------------------------------------------------------- start-up
+def init(comm=None, process_sets=None):
+    """Starts hpcdl on comm: None (MPI_COMM_WORLD), an mpi4py communicator, or
+    a list of MPI_COMM_WORLD ranks (every world rank calls init with the same
+    list; ranks outside it get an error). Calling it again is a no-op."""
+    if process_sets is not None:
+        raise ValueError("process sets are not supported by hpcdl; run the "
+                         "subset on its own communicator: hvd.init(comm=ranks)")
+    from .. import comm as hcomm
+    if hcomm.is_initialized():
+        if comm is None:
+            return
+        shutdown()
+    hcomm.init(_as_mpi_comm(comm))
+    _handles.clear()
+
+
+def _as_mpi_comm(comm_or_ranks):
+    if comm_or_ranks is None:
+        return None
+    from mpi4py import MPI  # communicator set-up only; collectives stay in hpcdl.comm
+    if isinstance(comm_or_ranks, (list, tuple, range)):
+        ranks = [int(r) for r in comm_or_ranks]
+        sub = MPI.COMM_WORLD.Create(MPI.COMM_WORLD.Get_group().Incl(ranks))
+        if sub == MPI.COMM_NULL:
+            raise ValueError("hvd.init(comm=%s): world rank %d is not in the list"
+                             % (ranks, MPI.COMM_WORLD.Get_rank()))
+        return sub
+    if not isinstance(comm_or_ranks, MPI.Comm):
+        raise TypeError("hvd.init(comm=...) takes an mpi4py communicator or a list of "
+                        "ranks, not %s" % type(comm_or_ranks).__name__)
+    return comm_or_ranks
+
+
+def shutdown():
+    """Collective: frees hpcdl's communicators; pending handles are forgotten."""
+    _handles.clear()
+    comm.shutdown()
+
+
+def is_initialized():
+    return comm.is_initialized()
+
+
+# --------------------------------------------------------------- topology
+def size():
+    return _handles.world().size
+
+
+def rank():
+    return _handles.world().rank
+
+
+def local_size():
+    return _handles.world().local_size
+
+
+def local_rank():
+    return _handles.world().local_rank
+
+
+def cross_size():
+    return _handles.world().cross_size
+
+
+def cross_rank():
+    return _handles.world().cross_rank
+
+
+def mpi_threads_supported():
+    _handles.world()
+    return comm.thread_level() == "multiple"
+
+
+# ------------------------------------------------------------- build flags
+def mpi_built():
+    return True
+
+
+def mpi_enabled():
+    return True
+
+
+def gloo_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    return 0
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def cuda_built():
+    from .. import _core  # the only build fact the comm layer does not re-export
+    return bool(_core.built_with_cuda())
+
+
+# -------------------------------------------------------------------- ops
+def handle_average_backwards_compatibility(op, average):
+    """Horovod's rule: op wins; average=True/False is the deprecated spelling."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only "
+                             "one of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op`",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
+
+
+def comm_op(op):
+    """Horovod op (or an hpcdl op name) -> hpcdl.comm's op name."""
+    if op == Adasum:
+        raise ValueError("op=Adasum is not supported by hpcdl; use op=hvd.Average "
+                                  "(or hvd.Sum)")
+    if isinstance(op, str):
+        return op
+    if op not in _COMM_OPS:
+        raise ValueError("unknown reduction op %r; use hvd.Average, hvd.Sum, hvd.Min, "
+                         "hvd.Max or hvd.Product" % (op,))
+    return _COMM_OPS[op]

@@ -1,0 +1,78 @@
+"""_wire.py - the dtypes tensors travel in. hpcdl's core moves float32/64,
+float16, bfloat16, int32 and int64; other torch dtypes are widened for the
+trip (bool, uint8, int8, int16 -> int32; uint16, uint32 -> int64) or, for
+complex, sent as their (real, imag) float pairs, and turned back after.
+Also: scaling that respects integer dtypes, and element counts per row."""
+import math
+
+import torch
+
+CORE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16,
+               torch.int32, torch.int64)
+_WIDEN = {torch.bool: torch.int32, torch.uint8: torch.int32, torch.int8: torch.int32,
+          torch.int16: torch.int32}
+for _name, _to in (("uint16", torch.int64), ("uint32", torch.int64)):
+    if hasattr(torch, _name):  # torch >= 2.3
+        _WIDEN[getattr(torch, _name)] = _to
+
+
+def is_direct(t):
+    """True when the core can use t's memory as it is."""
+    return t.dtype in CORE_DTYPES and t.is_contiguous()
+
+
+def to_wire(t):
+    """t in a dtype the core moves (t itself when it already is one)."""
+    if t.dtype in CORE_DTYPES:
+        return t
+    if t.is_complex():
+        return torch.view_as_real(t.contiguous())
+    if t.dtype not in _WIDEN:
+        raise TypeError("hpcdl cannot send %s tensors; cast to one of %s"
+                        % (t.dtype, ", ".join(str(d) for d in CORE_DTYPES)))
+    return t.to(_WIDEN[t.dtype])
+
+
+def owned_wire(t):
+    """A contiguous wire-dtype copy of t that never shares t's memory."""
+    t = t.detach()
+    w = to_wire(t)
+    if w.data_ptr() == t.data_ptr() or not w.is_contiguous():
+        w = w.clone(memory_format=torch.contiguous_format)
+    return w
+
+
+def from_wire(w, dtype):
+    """Inverse of to_wire: w (a wire tensor) back in dtype, shape included."""
+    if w.dtype == dtype:
+        return w
+    if dtype.is_complex:
+        return torch.view_as_complex(w.contiguous())
+    return w.to(dtype)
+
+
+def wire_dtype(dtype):
+    if dtype in CORE_DTYPES:
+        return dtype
+    if dtype.is_complex:
+        return torch.float32 if dtype == torch.complex64 else torch.float64
+    return _WIDEN.get(dtype, dtype)
+
+
+def scale_(t, factor):
+    """t *= factor in place; integer tensors are truncated back to their dtype."""
+    if factor == 1.0:
+        return t
+    if t.dtype.is_floating_point or t.is_complex():
+        return t.mul_(factor)
+    return t.copy_(t.to(torch.float64) * factor)
+
+
+def row_elems(shape):
+    """Elements in one row (everything past the first dimension)."""
+    return math.prod(shape[1:])
+
+
+def wire_shape(t):
+    """The shape t has on the wire (complex: a trailing (real, imag) pair)."""
+    return tuple(t.shape) + ((2,) if t.is_complex() else ())

@@ -1,0 +1,172 @@
+"""gather_ops.py - Horovod's allgather, broadcast and reducescatter over
+hpcdl.comm, with their _async / in-place (_) variants and gradients.
+
+    allgather:     concatenation over ranks along dim 0 (dim 0 may differ per rank)
+    broadcast:     root_rank's tensor on every rank
+    reducescatter: rank r gets rows [r] of (op over ranks of tensor); with
+                   n rows and N ranks, the first n % N ranks get one extra row
+
+Gradients follow Horovod (>= 0.22), which treats the loss as the average of
+the ranks' losses for allgather and broadcast: the gradient of allgather is
+this rank's rows of the Average-all-reduced gradient; of broadcast, the
+Average-all-reduced gradient on root_rank and zeros elsewhere; of
+reducescatter, the all-gathered gradient (divided by the size for Average,
+times the scale factors).
+"""
+import math
+
+import torch
+
+from . import _handles
+from ._basics import Average, comm_op, rank, size
+from ._shapes import check_rows_agree, gather_shapes
+from ._wire import from_wire, is_direct, owned_wire, scale_, to_wire, wire_shape
+from .allreduce_ops import allreduce, auto_name
+from .compression import Compression, compress
+
+
+# ------------------------------------------------------------------ starts
+def _start_allgather(tensor, name):
+    """(handle, offset of this rank's rows in the result)."""
+    t = tensor.detach()
+    t = t.reshape(1) if t.dim() == 0 else t
+    shapes = gather_shapes(t, "allgather")
+    check_rows_agree(shapes, "allgather")
+    send = to_wire(t).contiguous()
+    row = math.prod(wire_shape(t)[1:])
+    out = torch.empty((sum(s[0] for s in shapes),) + tuple(send.shape[1:]),
+                      dtype=send.dtype, device=send.device)
+    h = _handles.start("allgather", send, out, counts=[s[0] * row for s in shapes],
+                       name=name)
+    offset = sum(s[0] for s in shapes[:_handles.world().rank])
+    return _handles.register([h], lambda: from_wire(out, t.dtype), name), offset
+
+
+def _start_broadcast(tensor, root_rank, inplace, name):
+    t = tensor.detach()
+    buf = t if (inplace and is_direct(t)) else owned_wire(t)
+    h = _handles.start("broadcast", buf, root=int(root_rank), name=name)
+
+    def finish():
+        if buf is t:
+            return tensor
+        out = from_wire(buf, t.dtype).view(t.shape)
+        if inplace:
+            t.copy_(out)
+            return tensor
+        return out
+    return _handles.register([h], finish, name)
+
+
+def _start_reducescatter(tensor, name, op, prescale, postscale):
+    code, w = comm_op(op), _handles.world()
+    t = tensor.detach()
+    t = t.reshape(1) if t.dim() == 0 else t
+    q, extra = divmod(t.shape[0], w.size)
+    rows = [q + (1 if r < extra else 0) for r in range(w.size)]
+    send = t if (is_direct(t) and prescale == 1.0) else owned_wire(t)
+    if send is not t:
+        scale_(send, prescale)
+    row = math.prod(wire_shape(t)[1:])
+    out = torch.empty((rows[w.rank],) + tuple(send.shape[1:]), dtype=send.dtype,
+                      device=send.device)
+    h = _handles.start("reduce_scatter", send, out, counts=[n * row for n in rows],
+                       op=code, name=name)
+
+    def finish():
+        scale_(out, postscale)
+        return from_wire(out, t.dtype)
+    return _handles.register([h], finish, name)
+
+
+# ---------------------------------------------------------------- autograd
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.shape = tensor.shape
+        handle, ctx.offset = _start_allgather(tensor, name)
+        return _handles.synchronize(handle)
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad, op=Average)
+        rows = ctx.shape[0] if len(ctx.shape) else 1
+        return reduced.narrow(0, ctx.offset, rows).reshape(ctx.shape), None
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return _handles.synchronize(_start_broadcast(tensor, root_rank, False, name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad, op=Average)
+        if rank() != ctx.root_rank:
+            reduced = torch.zeros_like(reduced)
+        return reduced, None, None
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale):
+        ctx.shape, ctx.args = tensor.shape, (op, prescale, postscale)
+        return _handles.synchronize(_start_reducescatter(tensor, name, op, prescale,
+                                                         postscale))
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, pre, post = ctx.args
+        gathered = allgather(grad.contiguous())
+        scale = pre * post / (size() if op == Average else 1)
+        return (gathered * scale).reshape(ctx.shape), None, None, None, None
+
+
+# ------------------------------------------------------------------ public
+def allgather_async(tensor, name=None):
+    """Starts an all-gather along dim 0; returns a handle."""
+    return _start_allgather(tensor, auto_name(name, "allgather"))[0]
+
+
+def allgather(tensor, name=None):
+    """Every rank's tensor concatenated along dim 0, in rank order. Ranks may
+    differ in dim 0 only. Differentiable."""
+    return _Allgather.apply(tensor, auto_name(name, "allgather"))
+
+
+def broadcast_async(tensor, root_rank, name=None):
+    """Starts a broadcast of root_rank's tensor into a new tensor; returns a handle."""
+    return _start_broadcast(tensor, root_rank, False, auto_name(name, "broadcast"))
+
+
+def broadcast_async_(tensor, root_rank, name=None):
+    """Starts an in-place broadcast of root_rank's tensor; returns a handle."""
+    return _start_broadcast(tensor, root_rank, True, auto_name(name, "broadcast"))
+
+
+def broadcast(tensor, root_rank, name=None):
+    """A new tensor holding root_rank's tensor. Differentiable."""
+    return _Broadcast.apply(tensor, root_rank, auto_name(name, "broadcast"))
+
+
+def broadcast_(tensor, root_rank, name=None):
+    """Overwrites tensor with root_rank's and returns it."""
+    return _handles.synchronize(broadcast_async_(tensor, root_rank, name))
+
+
+def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Starts a reduce-scatter along dim 0; returns a handle."""
+    return _start_reducescatter(tensor, auto_name(name, "reducescatter"), op,
+                                prescale_factor, postscale_factor)
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's rows of (op over ranks of tensor). Every rank passes the same
+    shape. Differentiable."""
+    sent, ctx = compress(compression, tensor, name)
+    out = _Reducescatter.apply(sent, auto_name(name, "reducescatter"), op,
+                               prescale_factor, postscale_factor)
+    return compression.decompress(out, ctx)
