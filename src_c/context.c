@@ -231,20 +231,35 @@ int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
 // ----------------------------------------------------------------------------
 // algorithm choice and dispatch
 
+static size_t env_bytes(const char *name, size_t dflt) {
+    const char *e = getenv(name);
+    if (!e || !*e) return dflt;
+    size_t v = (size_t)strtoull(e, NULL, 10);
+    return v ? v : dflt;
+}
+
 static size_t auto_mpi_below(void) {
     static size_t v = 0;
-    if (!v) {
-        const char *e = getenv("HPCDL_AUTO_MPI_BELOW");
-        v = e && *e ? (size_t)strtoull(e, NULL, 10) : (size_t)64 << 10;
-        if (!v) v = 1;
-    }
+    if (!v) v = env_bytes("HPCDL_AUTO_MPI_BELOW", (size_t)64 << 10);
     return v;
 }
 
+static size_t auto_ring_above(void) {
+    static size_t v = 0;
+    if (!v) v = env_bytes("HPCDL_AUTO_RING_ABOVE", (size_t)2 << 20);
+    return v;
+}
+
+// Measured on one node (BENCHMARKS.md): the shared-memory path wins from the
+// smallest messages up to a few MiB (no MPI matching, one spin barrier);
+// above that MPI's single-copy point-to-point makes the ring move fewer bytes.
+// Across nodes, small messages are latency-bound and MPI's trees win.
 static hpcdl_algo choose(const hpcdl_team *t, size_t bytes) {
-    if (bytes < auto_mpi_below()) return HPCDL_ALGO_MPI; // latency-bound: MPI's tuned tree
-    if (t->local_size > 1 && t->uniform) return HPCDL_ALGO_HIER;
-    return HPCDL_ALGO_RING;
+    int shm = t->local_size > 1 && t->uniform;
+    if (t->cross_size == 1 && shm) // one node
+        return bytes < auto_ring_above() ? HPCDL_ALGO_HIER : HPCDL_ALGO_RING;
+    if (bytes < auto_mpi_below()) return HPCDL_ALGO_MPI;
+    return shm ? HPCDL_ALGO_HIER : HPCDL_ALGO_RING;
 }
 
 hpcdl_algo hpcdl_choose_algo(const hpcdl_ctx *ctx, size_t bytes) {
@@ -386,7 +401,7 @@ int hpcdl_dispatch_broadcast(hpcdl_ctx *ctx, hpcdl_team *t, void *buf, size_t co
         return hpcdl_fail(HPCDL_ERR_ARG, "broadcast: root %d is not a rank (0..%d)", root,
                           t->size - 1);
     if (algo == HPCDL_ALGO_MPI || (algo == HPCDL_ALGO_AUTO &&
-                                   count * hpcdl_dtype_size(dtype) < auto_mpi_below())) {
+                                   count * hpcdl_dtype_size(dtype) < auto_ring_above())) {
         size_t esz = hpcdl_dtype_size(dtype), piece = (size_t)1 << 30;
         for (size_t base = 0; base < count; base += piece) {
             int n = (int)(count - base < piece ? count - base : piece);

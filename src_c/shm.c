@@ -9,6 +9,7 @@
  */
 #include <sched.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 #include <time.h>
 #include "common.h"
@@ -41,6 +42,10 @@ int hpcdl_shm_create(hpcdl_team *t) {
     s->slot_bytes -= s->slot_bytes % 64;
     if (s->slot_bytes < 64) s->slot_bytes = 64;
     s->timeout_s = (double)env_size("HPCDL_SHM_TIMEOUT_SECONDS", 600);
+    // More local ranks than cores: a spinning rank only delays the one it
+    // waits for, so yield at once. Otherwise spin briefly (a few us) first.
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    s->spin_limit = (ncpu > 0 && L > ncpu) ? 1 : 100;
     s->seq = calloc((size_t)L, sizeof *s->seq);
     s->slot[0] = calloc((size_t)L, sizeof(char *));
     s->slot[1] = calloc((size_t)L, sizeof(char *));
@@ -111,7 +116,7 @@ int hpcdl_shm_barrier(hpcdl_team *t) {
     for (int j = 0; j < t->local_size; j++) {
         unsigned long spins = 0;
         while (__atomic_load_n(s->seq[j], __ATOMIC_ACQUIRE) < epoch) {
-            if (++spins < 2000) {
+            if (++spins < s->spin_limit) {
                 cpu_relax();
                 continue;
             }

@@ -14,6 +14,7 @@ struct hpcdl_shm {
     char **slot[2];      // slot[p][j]: local rank j's slot of parity p
     uint64_t epoch;      // barriers passed by this rank
     double timeout_s;    // a barrier waiting longer than this fails
+    unsigned long spin_limit; // busy-wait iterations before yielding the core
 };
 
 int hpcdl_shm_barrier(hpcdl_team *t);

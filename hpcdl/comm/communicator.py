@@ -11,8 +11,10 @@ import contextlib
 import os
 
 from . import buffers
-from ._types import DTYPES, algo_code, op_code
+from ._types import ALGORITHMS, DTYPES, OPS, algo_code, op_code
 from .. import _core
+
+from numpy import ndarray as _ndarray
 
 MismatchError = _core.MismatchError
 CoreError = _core.CoreError
@@ -122,6 +124,14 @@ class Communicator:
 
     def allreduce(self, send, recv=None, op="sum", algorithm="auto"):
         """recv[i] = op over ranks of send[i]; in place when recv is None. Returns recv."""
+        if type(send) is _ndarray and (recv is None or type(recv) is _ndarray):
+            # numpy fast path: the binding reads dtype, size and layout itself
+            o, a = OPS.get(op), ALGORITHMS.get(algorithm)
+            if o is not None and a is not None:
+                try:
+                    return self._ctx.allreduce_array(send, recv, o, a)
+                except (TypeError, ValueError):
+                    pass  # raised before any MPI call: the full path explains it
         return self._run("allreduce", "allreduce",
                          lambda: self._prep_allreduce(send, recv, op, algorithm))
 
