@@ -48,7 +48,13 @@ typedef struct {
     int uniform;        // 1 if every node has the same local_size
     hpcdl_shm *shm;     // node shared-memory segment; NULL when local_size == 1
     size_t chunk_bytes; // ring pipelining chunk
+    int polite;         // 1: waits test-and-sleep instead of spinning (engine thread)
 } hpcdl_team;
+
+// MPI_Wait, or for a polite team MPI_Test with short sleeps: the engine thread
+// waiting for a slower rank must not take the core from this rank's own
+// compute (backward) running beside it. Returns an MPI error code.
+int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req);
 
 typedef struct hpcdl_engine hpcdl_engine;
 typedef struct hpcdl_stall hpcdl_stall;

@@ -5,6 +5,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "common.h"
 #include "engine.h"
 
@@ -52,6 +53,17 @@ int hpcdl_team_free(hpcdl_team *t) {
     return HPCDL_OK;
 }
 
+int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req) {
+    if (!t->polite) return MPI_Wait(req, MPI_STATUS_IGNORE);
+    for (unsigned spins = 0;; spins++) {
+        int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS || done) return rc;
+        if (spins < 64) continue; // a message due any moment: keep testing
+        struct timespec ts = {0, spins < 2000 ? 20000 : 200000}; // 20 us, later 200 us
+        nanosleep(&ts, NULL);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // context
 
@@ -66,6 +78,8 @@ int hpcdl_ctx_create(MPI_Comm comm, int local_size, hpcdl_ctx **out) {
     pthread_mutex_init(&ctx->mpi_lock, NULL);
     int rc = hpcdl_team_create(&ctx->main, comm, local_size);
     if (rc == HPCDL_OK) rc = hpcdl_team_create(&ctx->eng, comm, local_size);
+    const char *polite = getenv("HPCDL_ENGINE_POLITE");
+    ctx->eng.polite = !(polite && !strcmp(polite, "0"));
     if (rc == HPCDL_OK) rc = hpcdl_engine_start(ctx);
     if (rc == HPCDL_OK) rc = hpcdl_stall_start(ctx, comm);
     if (rc != HPCDL_OK) {
@@ -171,7 +185,13 @@ static int mpi_allreduce(hpcdl_team *t, const void *send, void *recv, size_t cou
         int n = (int)(count - base < piece ? count - base : piece);
         char *r = (char *)recv + base * esz;
         const void *s = send == recv ? MPI_IN_PLACE : (const char *)send + base * esz;
-        MPI_CHECK(MPI_Allreduce(s, r, n, hpcdl_mpi_dtype(dtype), mop, t->world));
+        if (t->polite) {
+            MPI_Request rq;
+            MPI_CHECK(MPI_Iallreduce(s, r, n, hpcdl_mpi_dtype(dtype), mop, t->world, &rq));
+            MPI_CHECK(hpcdl_team_wait(t, &rq));
+        } else {
+            MPI_CHECK(MPI_Allreduce(s, r, n, hpcdl_mpi_dtype(dtype), mop, t->world));
+        }
     }
     if (op == HPCDL_AVERAGE) hpcdl_divide_local(recv, count, dtype, t->size);
     return HPCDL_OK;
@@ -199,7 +219,14 @@ int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
         mm[i] = sig[i];
         mm[nsig + i] = -sig[i];
     }
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mm, 2 * nsig, MPI_INT64_T, MPI_MAX, t->world));
+    if (t->polite) { // the engine: other ranks may arrive much later
+        MPI_Request rq;
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, mm, 2 * nsig, MPI_INT64_T, MPI_MAX, t->world,
+                                 &rq));
+        MPI_CHECK(hpcdl_team_wait(t, &rq));
+    } else {
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mm, 2 * nsig, MPI_INT64_T, MPI_MAX, t->world));
+    }
     int bad = -1;
     for (int i = 0; i < nsig && bad < 0; i++)
         if (mm[i] != -mm[nsig + i]) bad = i;
@@ -405,8 +432,10 @@ int hpcdl_dispatch_broadcast(hpcdl_ctx *ctx, hpcdl_team *t, void *buf, size_t co
         size_t esz = hpcdl_dtype_size(dtype), piece = (size_t)1 << 30;
         for (size_t base = 0; base < count; base += piece) {
             int n = (int)(count - base < piece ? count - base : piece);
-            MPI_CHECK(MPI_Bcast((char *)buf + base * esz, n, hpcdl_mpi_dtype(dtype), root,
-                                t->world));
+            MPI_Request rq;
+            MPI_CHECK(MPI_Ibcast((char *)buf + base * esz, n, hpcdl_mpi_dtype(dtype), root,
+                                 t->world, &rq));
+            MPI_CHECK(hpcdl_team_wait(t, &rq));
         }
         return HPCDL_OK;
     }

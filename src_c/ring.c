@@ -34,6 +34,7 @@ enum { TAG_RS = 7301, TAG_AG = 7302, TAG_BC = 7303 };
 // dst = received op own. Chunks are element-aligned.
 
 typedef struct {
+    const hpcdl_team *team; // for its wait policy
     MPI_Comm comm;
     int to, from, tag;
     hpcdl_dtype dtype;
@@ -68,13 +69,13 @@ static int ring_step(const step_args *a, const char *src, size_t sn, char *dst,
         // finish chunk k-1: reduce it while chunk k is in flight
         if (k > 0) {
             size_t j = k - 1, ro = j * a->chunk;
-            MPI_CHECK(MPI_Wait(&rq[j % 2][1], MPI_STATUS_IGNORE));
+            MPI_CHECK(hpcdl_team_wait(a->team, &rq[j % 2][1]));
             if (own && ro < rn) {
                 size_t len = rn - ro < a->chunk ? rn - ro : a->chunk;
                 hpcdl_reduce_local(dst + ro, a->tmp[j % 2], own + ro, len / esz,
                                    a->dtype, a->op);
             }
-            MPI_CHECK(MPI_Wait(&rq[j % 2][0], MPI_STATUS_IGNORE));
+            MPI_CHECK(hpcdl_team_wait(a->team, &rq[j % 2][0]));
         }
     }
     return HPCDL_OK;
@@ -105,7 +106,7 @@ static int reduce_scatter_phase(hpcdl_team *t, MPI_Comm comm, const char *send,
     }
     for (int i = 0; i < n; i++)
         if (off[i + 1] - off[i] > maxblk) maxblk = off[i + 1] - off[i];
-    step_args a = {comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_RS, dtype, op,
+    step_args a = {t, comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_RS, dtype, op,
                    chunk_for(t, dtype), {NULL, NULL}};
     // partial sums need block-sized homes when the caller has no full buffer
     char *part = NULL, *tmp = malloc(2 * a.chunk);
@@ -142,7 +143,7 @@ static int allgather_phase(hpcdl_team *t, MPI_Comm comm, char *buf, const size_t
     MPI_CHECK(MPI_Comm_rank(comm, &r));
     size_t esz = hpcdl_dtype_size(dtype);
     // no reduction to overlap: bigger pieces mean fewer messages
-    step_args a = {comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_AG, dtype, HPCDL_SUM,
+    step_args a = {t, comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_AG, dtype, HPCDL_SUM,
                    chunk_for(t, dtype) * 16, {NULL, NULL}};
     if (a.chunk > (size_t)INT_MAX / 2) a.chunk = chunk_for(t, dtype);
     for (int s = 0; s < n - 1; s++) {
@@ -250,12 +251,17 @@ int hpcdl_ring_broadcast(hpcdl_team *t, MPI_Comm comm, void *buf, size_t count,
     for (size_t k = 0; k < nk; k++) {
         char *p = (char *)buf + k * chunk;
         int len = (int)(bytes - k * chunk < chunk ? bytes - k * chunk : chunk);
-        if (prev >= 0) MPI_CHECK(MPI_Recv(p, len, MPI_BYTE, prev, TAG_BC, comm, MPI_STATUS_IGNORE));
+        if (prev >= 0) {
+            MPI_Request rq;
+            MPI_CHECK(MPI_Irecv(p, len, MPI_BYTE, prev, TAG_BC, comm, &rq));
+            MPI_CHECK(hpcdl_team_wait(t, &rq));
+        }
         if (next >= 0) {
-            MPI_CHECK(MPI_Wait(&sreq[k % 2], MPI_STATUS_IGNORE)); // keep <= 2 in flight
+            MPI_CHECK(hpcdl_team_wait(t, &sreq[k % 2])); // keep <= 2 in flight
             MPI_CHECK(MPI_Isend(p, len, MPI_BYTE, next, TAG_BC, comm, &sreq[k % 2]));
         }
     }
-    MPI_CHECK(MPI_Waitall(2, sreq, MPI_STATUSES_IGNORE));
+    MPI_CHECK(hpcdl_team_wait(t, &sreq[0]));
+    MPI_CHECK(hpcdl_team_wait(t, &sreq[1]));
     return HPCDL_OK;
 }

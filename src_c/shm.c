@@ -107,7 +107,8 @@ static double now_s(void) {
 // Every local rank raises its flag to the next epoch, then waits until all
 // flags reach it. Release/acquire order makes the slots written before the
 // barrier visible to every rank after it. Spins briefly, then yields, so
-// oversubscribed ranks (more ranks than cores) still make progress.
+// oversubscribed ranks (more ranks than cores) still make progress; the
+// engine's team sleeps once a wait gets long (a peer still in backward).
 int hpcdl_shm_barrier(hpcdl_team *t) {
     hpcdl_shm *s = t->shm;
     uint64_t epoch = ++s->epoch;
@@ -120,7 +121,12 @@ int hpcdl_shm_barrier(hpcdl_team *t) {
                 cpu_relax();
                 continue;
             }
-            sched_yield();
+            if (t->polite && spins > 1000) { // the engine, waiting long: leave the core
+                struct timespec ts = {0, 20000};
+                nanosleep(&ts, NULL);
+            } else {
+                sched_yield();
+            }
             if ((spins & 0x3ff) == 0) {
                 if (t0 == 0) t0 = now_s();
                 else if (now_s() - t0 > s->timeout_s)
