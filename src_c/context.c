@@ -59,7 +59,7 @@ int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req) {
         int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS || done) return rc;
         if (spins < 64) continue; // a message due any moment: keep testing
-        struct timespec ts = {0, spins < 2000 ? 20000 : 200000}; // 20 us, later 200 us
+        struct timespec ts = {0, spins < 4000 ? 5000 : 100000}; // 5 us, later 100 us
         nanosleep(&ts, NULL);
     }
 }

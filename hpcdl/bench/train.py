@@ -81,6 +81,23 @@ def run_hpcdl(opts, data):
     return seconds, model, windows[opts.warmup:], tl
 
 
+def run_local(opts, data):
+    """No communication at all: every rank trains alone at the same time, the
+    compute-only floor that no data-parallel step can beat."""
+    model, _, _ = build_model(opts.model)
+    opt = torch.optim.SGD(model.parameters(), lr=opts.lr)
+    for i, (x, y) in enumerate(data):
+        if i == opts.warmup:
+            comm.barrier()
+            t0 = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    seconds = time.perf_counter() - t0
+    comm.barrier()
+    return seconds, model
+
+
 def run_ddp(opts, data):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -135,30 +152,33 @@ def run(opts):
     say("#  model %s (%.1f M parameters) | batch %d per rank (%d global) | %d steps after "
         "%d warm-up | SGD lr %g" % (opts.model, nparams / 1e6, opts.batch,
                                     opts.batch * world.size, opts.steps, opts.warmup, opts.lr))
+    t_l, _ = run_local(opts, data)
+    t_l = mpi.allreduce(t_l, op=MPI.MAX)
     t_h, m_h, windows, tl = run_hpcdl(opts, data)
     hidden = hidden_fraction(tl, windows)
     hidden = mpi.allreduce(hidden) / world.size
     t_h = mpi.allreduce(t_h, op=MPI.MAX)
-    rows = [dict(impl="hpcdl", seconds=t_h, samples_per_s=opts.steps * opts.batch * world.size / t_h,
-                 hidden=hidden)]
+    per_s = lambda t: opts.steps * opts.batch * world.size / t
+    rows = [dict(impl="hpcdl", seconds=t_h, samples_per_s=per_s(t_h), hidden=hidden)]
     if err is None:
         t_d, m_d = run_ddp(opts, data)
         t_d = mpi.allreduce(t_d, op=MPI.MAX)
-        rows.append(dict(impl="ddp-gloo", seconds=t_d,
-                         samples_per_s=opts.steps * opts.batch * world.size / t_d, hidden=None))
+        rows.append(dict(impl="ddp-gloo", seconds=t_d, samples_per_s=per_s(t_d), hidden=None))
         diff = mpi.allreduce(max_param_diff(m_h, m_d), op=MPI.MAX)
     else:
         say("# gloo unavailable: %s" % err)
         diff = None
+    rows.append(dict(impl="no-comm", seconds=t_l, samples_per_s=per_s(t_l), hidden=None))
     say("#\n#     impl   samples/s   step(ms)   comm hidden behind backward")
     for r in rows:
         say("%10s %11.1f %10.1f   %s" % (r["impl"], r["samples_per_s"],
                                          1e3 * r["seconds"] / opts.steps,
                                          "-" if r["hidden"] is None else "%.0f%%" % (100 * r["hidden"])))
-    ratio = rows[0]["samples_per_s"] / rows[1]["samples_per_s"] if len(rows) > 1 else None
+    ratio = rows[0]["samples_per_s"] / rows[1]["samples_per_s"] if err is None else None
     wrong = diff is not None and diff > 1e-4
     if ratio is not None:
-        say("# hpcdl / DDP samples/s: %.2fx" % ratio)
+        say("# hpcdl / DDP samples/s: %.2fx   (no-comm is the compute-only floor: every "
+            "rank training alone)" % ratio)
         say("# parameters after both runs differ by at most %.2g: %s"
             % (diff, "FAILED" if wrong else "OK"))
     if opts.json and world.rank == 0:
