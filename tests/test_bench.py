@@ -78,3 +78,15 @@ def test_two_rank_run(tmp_path):
     for impl in ar.IMPLS:  # every implementation has a table row
         assert any(impl in l.split() for l in text.splitlines() if " 65536 " in l), impl
     assert all(row["wrong"] == 0 and row["time_us"] > 0 for row in doc["rows"])
+
+
+@pytest.mark.mpi
+def test_bench_train_runs_and_checks_parameters(tmp_path):
+    out = tmp_path / "train.json"
+    r = run_mpi(2, [sys.executable, "-m", "hpcdl", "bench", "train", "--steps", "2",
+                    "--warmup", "1", "--batch", "8", "--json", str(out)], timeout=90)
+    assert r.returncode == 0, r.stdout
+    for word in ("hpcdl", "ddp-gloo", "no-comm", "hpcdl / DDP samples/s", "OK"):
+        assert word in r.stdout, r.stdout
+    data = json.loads(out.read_text())
+    assert data["params"] > 10_000_000 and data["max_param_diff"] < 1e-4

@@ -150,13 +150,33 @@ def describe_job(mpi):
             "mpi_library": library}
 
 
+def code_version():
+    """'hpcdl 0.1.0 (git 1a2b3c4, modified)' when run from a git checkout, so a
+    table can be tied to the core it measured ('modified': uncommitted changes
+    in src_c/ or hpcdl/comm/, the code being measured)."""
+    import subprocess
+    from .._version import __version__
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "src_c",
+                                "hpcdl/comm"],
+                               capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        head = ""
+    if not head:
+        return "hpcdl " + __version__
+    return "hpcdl %s (git %s%s)" % (__version__, head, ", modified" if dirty.strip() else "")
+
+
 # ----------------------------------------------------------------------------
 # timing
 
 def timed_loop(mpi, op, reset, opts):
-    """(median seconds, fastest seconds, iterations) of op() over ranks: reset() (untimed), a
-    barrier, then op() timed on every rank; an iteration's time is the slowest
-    rank's. The first call estimates the cost; warm-up and iteration counts
+    """(median s, fastest s, iterations) of op() over ranks: reset() (untimed),
+    a barrier, then op() timed on every rank; an iteration's time is the
+    slowest rank's. The first call estimates the cost; warm-up and iteration counts
     shrink so that a row takes about opts.budget_s (same counts on all ranks)."""
     from mpi4py import MPI
 
@@ -320,6 +340,7 @@ def auto_ranges(world, sizes):
 def print_header(world, job, opts, sizes, impls, copy_bw, notes):
     hosts = "%d (%s)" % (len(job["hosts"]), ", ".join(job["hosts"]))
     say(world, "# hpcdl bench allreduce: %s on the same buffers" % ", ".join(impls))
+    say(world, "#  %s" % job["version"])
     say(world, "#  ranks %d | hosts %s | MPI: %s | cores %d | oversubscribed: %s"
         % (job["ranks"], hosts, job["mpi_library"], job["cores"],
            "YES" if job["oversubscribed"] else "no"))
@@ -335,7 +356,8 @@ def print_header(world, job, opts, sizes, impls, copy_bw, notes):
                " busbw = algbw * 2(N-1)/N")
     say(world, "#  hpcdl agreement check: %s (--no-check or HPCDL_CHECK=0 turns it off)"
         % ("on" if world.check else "OFF"))
-    say(world, "#  aggregate copy bandwidth: %.2f GB/s (np.copyto of %s on every rank at once, "
+    say(world, "#  aggregate copy bandwidth: %.2f GB/s (np.copyto of %s on every rank at "
+               "once, "
                "read + write bytes of all ranks)" % (copy_bw, format_size(HEADER_COPY_BYTES)))
     say(world, "#  floor = 2*N*size / copy bandwidth measured at that size (L3 makes small "
                "sizes copy faster)")
@@ -435,6 +457,7 @@ def setup(opts):
     if not opts.check:
         world.set_check(False)
     job = describe_job(world.mpi)
+    job["version"] = code_version() if world.rank == 0 else ""
     impls, notes = list(dict.fromkeys(opts.impls)), []
     if opts.expect_ranks and opts.expect_ranks != world.size:
         notes.append("NOTE: -n %d given, but this job has %d ranks; using %d"

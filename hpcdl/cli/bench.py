@@ -14,12 +14,13 @@ DEFAULT_ALGORITHMS = "ring,hier,auto,mpi,mpi4py,gloo"
 
 def register(subparsers):
     p = subparsers.add_parser(
-        "bench", help="benchmarks (allreduce)",
+        "bench", help="benchmarks (allreduce, train)",
         description="Benchmarks that print nccl-tests-shaped tables and check "
                     "correctness in the same run.")
     sub = p.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     p.set_defaults(func=lambda args: _help(p))
     _register_allreduce(sub)
+    _register_train(sub)
 
 
 def _help(parser):
@@ -100,6 +101,51 @@ def run_allreduce(args):
         return launcher.launch(args.n, allreduce_argv(args), hosts=args.hosts)
     from ..bench import allreduce
     return _abort_on_error(allreduce.run, opts)
+
+
+# ----------------------------------------------------------------------------
+# bench train
+
+def _register_train(sub):
+    p = sub.add_parser(
+        "train", help="DistributedOptimizer against PyTorch DDP (gloo)",
+        description="Trains the same model on the same data from the same seed under "
+                    "hpcdl's DistributedOptimizer, under PyTorch DDP with gloo, and with no "
+                    "communication at all (the compute floor); prints samples/s, the "
+                    "hpcdl/DDP ratio and the share of hpcdl's communication hidden behind "
+                    "backward, and checks that both end with the same parameters.",
+        epilog="example: hpcdl bench train -n 2 --model mlp --steps 20")
+    p.add_argument("-n", "--np", dest="n", type=int, default=None,
+                   help="ranks to start through mpirun (default: the ranks of this job)")
+    p.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "resnet50"])
+    p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads per rank (default: cores / ranks on the node)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    p.set_defaults(func=run_train)
+
+
+def run_train(args):
+    for name in ("steps", "batch"):
+        if getattr(args, name) < 1:
+            raise UsageError("--%s must be at least 1" % name)
+    if args.warmup < 1:
+        raise UsageError("--warmup must be at least 1 (the first steps build buffers)")
+    if args.n is not None and args.n < 1:
+        raise UsageError("-n must be at least 1 (got %d)" % args.n)
+    from . import run as launcher
+    if args.n is not None and not launcher.inside_parallel_job():
+        argv = [sys.executable, "-m", "hpcdl", "bench", "train", "--model", args.model,
+                "--steps", str(args.steps), "--warmup", str(args.warmup),
+                "--batch", str(args.batch), "--threads", str(args.threads)]
+        argv += ["--json", args.json] if args.json else []
+        return launcher.launch(args.n, argv, hosts=None)
+    from ..bench import train
+    opts = train.Options(model=args.model, steps=args.steps, warmup=args.warmup,
+                         batch=args.batch, threads=args.threads, json=args.json)
+    return _abort_on_error(train.run, opts)
 
 
 def _abort_on_error(run, opts):
