@@ -34,7 +34,9 @@ def test_info_names_mpi_library():
 
 @pytest.mark.mpi
 def test_run_starts_four_distinct_ranks():
-    code = "from hpcdl import comm; comm.init(); print('RANK', comm.rank(), comm.size())"
+    # one string per print: unbuffered ranks' multi-argument prints interleave
+    code = ("from hpcdl import comm; comm.init(); "
+            "print('RANK %d %d' % (comm.rank(), comm.size()), flush=True)")
     r = hpcdl("run", "-n", "4", "--", sys.executable, "-c", code, timeout=60)
     assert r.returncode == 0, r.stderr
     ranks = sorted(l.split()[1:] for l in r.stdout.splitlines() if l.startswith("RANK"))

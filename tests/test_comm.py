@@ -93,8 +93,9 @@ def test_errors_raise_on_every_rank(n):
 @pytest.mark.mpi
 def test_topology_from_mpi():
     src = ("from hpcdl import comm; comm.init(); "
-           "print('TOPO', comm.rank(), comm.size(), comm.local_rank(), comm.local_size(), "
-           "comm.cross_rank(), comm.cross_size(), comm.thread_level())")
+           "print('TOPO %d %d %d %d %d %d %s' % (comm.rank(), comm.size(), comm.local_rank(), "
+           "comm.local_size(), comm.cross_rank(), comm.cross_size(), comm.thread_level()), "
+           "flush=True)")
     r = run_python(4, src, env={"HPCDL_LOCAL_SIZE": "2"})
     rows = sorted(tuple(l.split("TOPO ")[1].split()) for l in r.stdout.splitlines()
                   if "TOPO " in l)
