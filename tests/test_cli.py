@@ -34,9 +34,10 @@ def test_info_names_mpi_library():
 
 @pytest.mark.mpi
 def test_run_starts_four_distinct_ranks():
-    # one string per print: unbuffered ranks' multi-argument prints interleave
-    code = ("from hpcdl import comm; comm.init(); "
-            "print('RANK %d %d' % (comm.rank(), comm.size()), flush=True)")
+    # one write per line: print() writes text and newline separately, and
+    # unbuffered ranks' pieces interleave in mpirun's merged output
+    code = ("import sys; from hpcdl import comm; comm.init(); "
+            "sys.stdout.write('RANK %d %d\\n' % (comm.rank(), comm.size()))")
     r = hpcdl("run", "-n", "4", "--", sys.executable, "-c", code, timeout=60)
     assert r.returncode == 0, r.stderr
     ranks = sorted(l.split()[1:] for l in r.stdout.splitlines() if l.startswith("RANK"))

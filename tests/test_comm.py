@@ -92,10 +92,11 @@ def test_errors_raise_on_every_rank(n):
 
 @pytest.mark.mpi
 def test_topology_from_mpi():
-    src = ("from hpcdl import comm; comm.init(); "
-           "print('TOPO %d %d %d %d %d %d %s' % (comm.rank(), comm.size(), comm.local_rank(), "
-           "comm.local_size(), comm.cross_rank(), comm.cross_size(), comm.thread_level()), "
-           "flush=True)")
+    # one write per line (print's separate newline write interleaves across ranks)
+    src = ("import sys; from hpcdl import comm; comm.init(); "
+           "sys.stdout.write('TOPO %d %d %d %d %d %d %s\\n' % (comm.rank(), comm.size(), "
+           "comm.local_rank(), comm.local_size(), comm.cross_rank(), comm.cross_size(), "
+           "comm.thread_level()))")
     r = run_python(4, src, env={"HPCDL_LOCAL_SIZE": "2"})
     rows = sorted(tuple(l.split("TOPO ")[1].split()) for l in r.stdout.splitlines()
                   if "TOPO " in l)
