@@ -55,12 +55,16 @@ int hpcdl_team_free(hpcdl_team *t) {
 
 int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req) {
     if (!t->polite) return MPI_Wait(req, MPI_STATUS_IGNORE);
+    long sleep_ns = 2000;
     for (unsigned spins = 0;; spins++) {
         int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS || done) return rc;
         if (spins < 64) continue; // a message due any moment: keep testing
-        struct timespec ts = {0, spins < 4000 ? 5000 : 100000}; // 5 us, later 100 us
+        // back off exponentially to 0.5 ms: a long wait (a peer still in its
+        // backward pass) must not wake this core thousands of times a second
+        struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);
+        if (sleep_ns < 500000 && (spins & 15) == 0) sleep_ns *= 2;
     }
 }
 
