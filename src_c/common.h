@@ -121,6 +121,8 @@ int hpcdl_dispatch_broadcast(hpcdl_ctx *ctx, hpcdl_team *t, void *buf, size_t co
                              hpcdl_dtype dtype, int root, hpcdl_algo algo);
 int hpcdl_check_enums(const char *what, hpcdl_dtype d, hpcdl_op op, hpcdl_algo a);
 
+int hpcdl_mpi_allreduce_pieces(hpcdl_team *t, const void *send, void *recv, size_t count,
+                               hpcdl_dtype dtype, hpcdl_op op);
 MPI_Datatype hpcdl_mpi_dtype(hpcdl_dtype dtype);
 int hpcdl_mpi_op(hpcdl_dtype dtype, hpcdl_op op, MPI_Op *out);
 

@@ -179,9 +179,11 @@ int hpcdl_mpi_op(hpcdl_dtype d, hpcdl_op op, MPI_Op *out) {
     return HPCDL_OK;
 }
 
-// MPI_Allreduce in pieces of at most 2^30 elements (MPI counts are int).
-static int mpi_allreduce(hpcdl_team *t, const void *send, void *recv, size_t count,
-                         hpcdl_dtype dtype, hpcdl_op op) {
+// MPI_Allreduce in pieces of at most 2^30 elements (MPI counts are int), on
+// host or (CUDA-aware MPI) device buffers. AVERAGE reduces like SUM here: the
+// division is the caller's, who knows where the data lives.
+int hpcdl_mpi_allreduce_pieces(hpcdl_team *t, const void *send, void *recv, size_t count,
+                               hpcdl_dtype dtype, hpcdl_op op) {
     MPI_Op mop;
     HPCDL_TRY(hpcdl_mpi_op(dtype, op, &mop));
     size_t esz = hpcdl_dtype_size(dtype), piece = (size_t)1 << 30;
@@ -197,6 +199,12 @@ static int mpi_allreduce(hpcdl_team *t, const void *send, void *recv, size_t cou
             MPI_CHECK(MPI_Allreduce(s, r, n, hpcdl_mpi_dtype(dtype), mop, t->world));
         }
     }
+    return HPCDL_OK;
+}
+
+static int mpi_allreduce(hpcdl_team *t, const void *send, void *recv, size_t count,
+                         hpcdl_dtype dtype, hpcdl_op op) {
+    HPCDL_TRY(hpcdl_mpi_allreduce_pieces(t, send, recv, count, dtype, op));
     if (op == HPCDL_AVERAGE) hpcdl_divide_local(recv, count, dtype, t->size);
     return HPCDL_OK;
 }

@@ -81,21 +81,32 @@ def run_hpcdl(opts, data):
     return seconds, model, windows[opts.warmup:], tl
 
 
+def timed_steps(opts, data, step, barrier):
+    """Runs step(x, y) over data; seconds of the steps after the warm-up ones
+    (a barrier before starting and before stopping the clock)."""
+    for i, (x, y) in enumerate(data):
+        if i == opts.warmup:
+            barrier()
+            t0 = time.perf_counter()
+        step(x, y)
+    barrier()
+    return time.perf_counter() - t0
+
+
+def sgd_step(model, opt):
+    def step(x, y):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
 def run_local(opts, data):
     """No communication at all: every rank trains alone at the same time, the
     compute-only floor that no data-parallel step can beat."""
     model, _, _ = build_model(opts.model)
     opt = torch.optim.SGD(model.parameters(), lr=opts.lr)
-    for i, (x, y) in enumerate(data):
-        if i == opts.warmup:
-            comm.barrier()
-            t0 = time.perf_counter()
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    seconds = time.perf_counter() - t0
-    comm.barrier()
-    return seconds, model
+    return timed_steps(opts, data, sgd_step(model, opt), comm.barrier), model
 
 
 def run_ddp(opts, data):
@@ -104,15 +115,7 @@ def run_ddp(opts, data):
     model, _, _ = build_model(opts.model)
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=opts.lr)
-    for i, (x, y) in enumerate(data):
-        if i == opts.warmup:
-            dist.barrier()
-            t0 = time.perf_counter()
-        opt.zero_grad()
-        F.cross_entropy(ddp(x), y).backward()
-        opt.step()
-    dist.barrier()
-    return time.perf_counter() - t0, model
+    return timed_steps(opts, data, sgd_step(ddp, opt), dist.barrier), model
 
 
 # ----------------------------------------------------------------------------

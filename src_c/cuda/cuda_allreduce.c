@@ -178,24 +178,6 @@ static int ensure_scratch(gpu_state *g, size_t bytes) {
     return HPCDL_OK;
 }
 
-// ----------------------------------------------------------------------------
-// MPI_Allreduce in pieces of at most 2^30 elements (MPI counts are int), on
-// host or (CUDA-aware MPI) device buffers; the average's division is left to
-// the caller, who knows where the data is.
-
-static int mpi_sum_pieces(hpcdl_team *t, const void *send, void *recv, size_t count,
-                          hpcdl_dtype dtype, hpcdl_op op) {
-    MPI_Op mop;
-    HPCDL_TRY(hpcdl_mpi_op(dtype, op, &mop));
-    size_t esz = hpcdl_dtype_size(dtype), piece = (size_t)1 << 30;
-    for (size_t base = 0; base < count; base += piece) {
-        int n = (int)(count - base < piece ? count - base : piece);
-        char *r = (char *)recv + base * esz;
-        const void *s = send == recv ? MPI_IN_PLACE : (const char *)send + base * esz;
-        MPI_CHECK(MPI_Allreduce(s, r, n, hpcdl_mpi_dtype(dtype), mop, t->world));
-    }
-    return HPCDL_OK;
-}
 
 // The average's division of n elements of device memory, finished on return.
 static int divide_on_device(gpu_state *g, void *buf, size_t n, hpcdl_dtype dtype, int by) {
@@ -224,7 +206,7 @@ static int host_allreduce(hpcdl_team *t, void *buf, size_t n, hpcdl_dtype dtype,
                           hpcdl_op op, hpcdl_algo algo) {
     if (algo == HPCDL_ALGO_HIER) return hpcdl_hier_allreduce(t, buf, buf, n, dtype, op);
     if (algo != HPCDL_ALGO_MPI) return hpcdl_ring_allreduce(t, t->world, buf, buf, n, dtype, op);
-    HPCDL_TRY(mpi_sum_pieces(t, buf, buf, n, dtype, op));
+    HPCDL_TRY(hpcdl_mpi_allreduce_pieces(t, buf, buf, n, dtype, op));
     if (op == HPCDL_AVERAGE) hpcdl_divide_local(buf, n, dtype, t->size);
     return HPCDL_OK;
 }
@@ -369,7 +351,7 @@ static int direct_allreduce(hpcdl_team *t, gpu_state *g, const void *send, void 
                             size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
     int half = dtype == HPCDL_FLOAT16 || dtype == HPCDL_BFLOAT16;
     if (algo == HPCDL_ALGO_MPI && !half) {
-        HPCDL_TRY(mpi_sum_pieces(t, send, recv, count, dtype, op));
+        HPCDL_TRY(hpcdl_mpi_allreduce_pieces(t, send, recv, count, dtype, op));
         return op == HPCDL_AVERAGE ? divide_on_device(g, recv, count, dtype, t->size)
                                    : HPCDL_OK;
     }
