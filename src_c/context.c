@@ -8,6 +8,7 @@
 #include <time.h>
 #include "common.h"
 #include "engine.h"
+#include "shm.h"
 
 // ----------------------------------------------------------------------------
 // teams
@@ -224,8 +225,51 @@ static void describe(char *buf, size_t len, const char *field, int64_t v) {
     else snprintf(buf, len, "%lld", (long long)v);
 }
 
+static int mismatch(const hpcdl_team *t, const char *what, const int64_t *all, int nsig,
+                    int bad, const char *const *names) {
+    char msg[900], val[48];
+    int pos = snprintf(msg, sizeof msg, "%s: ranks disagree on %s:", what, names[bad]);
+    for (int r = 0; r < t->size && pos < (int)sizeof msg - 64; r++) {
+        if (r >= 16 && r < t->size - 1) { // long jobs: first 16 and the last
+            if (r == 16) pos += snprintf(msg + pos, sizeof msg - (size_t)pos, " ...");
+            continue;
+        }
+        describe(val, sizeof val, names[bad], all[(size_t)r * (size_t)nsig + (size_t)bad]);
+        pos += snprintf(msg + pos, sizeof msg - (size_t)pos, " rank %d=%s%s", r, val,
+                        r < t->size - 1 ? "," : "");
+    }
+    return hpcdl_fail(HPCDL_ERR_MISMATCH,
+                      "%s. Hint: every rank must call the same collectives in the same "
+                      "order with the same count, dtype and op.", msg);
+}
+
+// All ranks on one node: the signatures meet in shared memory at one spin
+// barrier (~0.3 us) instead of an MPI all-reduce. Slots alternate with the
+// barrier's parity, so a fast rank writing its next signature never
+// overwrites one a slower rank is still reading (it cannot pass the next
+// barrier before that rank does).
+static int check_agree_shm(const hpcdl_team *t, const char *what, const int64_t *sig,
+                           int nsig, const char *const *names) {
+    hpcdl_shm *s = t->shm;
+    int parity = (int)((s->epoch + 1) & 1);
+    memcpy(hpcdl_shm_sig(s, t->local_rank, parity), sig, sizeof(int64_t) * (size_t)nsig);
+    HPCDL_TRY(hpcdl_shm_barrier((hpcdl_team *)t));
+    int bad = -1;
+    for (int i = 0; i < nsig && bad < 0; i++)
+        for (int j = 0; j < t->local_size; j++)
+            if (hpcdl_shm_sig(s, j, parity)[i] != hpcdl_shm_sig(s, 0, parity)[i]) bad = i;
+    if (bad < 0) return HPCDL_OK;
+    int64_t all[MAX_SIG * 64];
+    for (int j = 0; j < t->local_size; j++)
+        memcpy(all + (size_t)j * (size_t)nsig, hpcdl_shm_sig(s, j, parity),
+               sizeof(int64_t) * (size_t)nsig);
+    return mismatch(t, what, all, nsig, bad, names);
+}
+
 int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig, int nsig,
                       const char *const *names) {
+    if (t->shm && t->cross_size == 1 && t->local_size <= 64)
+        return check_agree_shm(t, what, sig, nsig, names);
     int64_t mm[2 * MAX_SIG];
     for (int i = 0; i < nsig; i++) {
         mm[i] = sig[i];
@@ -246,25 +290,10 @@ int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
     int64_t *all = malloc(sizeof(int64_t) * (size_t)nsig * (size_t)t->size);
     if (!all) return hpcdl_fail(HPCDL_ERR_NOMEM, "agreement check: out of memory");
     int rc = MPI_Allgather(sig, nsig, MPI_INT64_T, all, nsig, MPI_INT64_T, t->world);
-    if (rc != MPI_SUCCESS) {
-        free(all);
-        return hpcdl_mpi_fail(rc, "MPI_Allgather", __FILE__, __LINE__);
-    }
-    char msg[900], val[48];
-    int pos = snprintf(msg, sizeof msg, "%s: ranks disagree on %s:", what, names[bad]);
-    for (int r = 0; r < t->size && pos < (int)sizeof msg - 64; r++) {
-        if (r >= 16 && r < t->size - 1) { // long jobs: first 16 and the last
-            if (r == 16) pos += snprintf(msg + pos, sizeof msg - (size_t)pos, " ...");
-            continue;
-        }
-        describe(val, sizeof val, names[bad], all[(size_t)r * (size_t)nsig + (size_t)bad]);
-        pos += snprintf(msg + pos, sizeof msg - (size_t)pos, " rank %d=%s%s", r, val,
-                        r < t->size - 1 ? "," : "");
-    }
+    if (rc == MPI_SUCCESS) rc = mismatch(t, what, all, nsig, bad, names);
+    else rc = hpcdl_mpi_fail(rc, "MPI_Allgather", __FILE__, __LINE__);
     free(all);
-    return hpcdl_fail(HPCDL_ERR_MISMATCH,
-                      "%s. Hint: every rank must call the same collectives in the same "
-                      "order with the same count, dtype and op.", msg);
+    return rc;
 }
 
 // ----------------------------------------------------------------------------

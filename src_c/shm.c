@@ -4,7 +4,8 @@
  * barrier on those flags (far cheaper than MPI_Barrier for the many small
  * synchronisations of the hierarchical all-reduce).
  *
- * Layout of local rank j's part:  [ seq flag | pad to 128 B | slot 0 | slot 1 ]
+ * Layout of local rank j's part:
+ *   [ seq flag (64 B) | signature, parity 0 (64 B) | parity 1 (64 B) | pad | slot 0 | slot 1 ]
  * Slot size: HPCDL_SHM_SLOT_BYTES (default 4 MiB); the same on every rank.
  */
 #include <sched.h>
@@ -15,7 +16,9 @@
 #include "common.h"
 #include "shm.h"
 
-#define FLAG_BYTES 128  // two cache lines: the flag never shares a line with data
+// Per local rank: the barrier flag in its own cache line, then two lines of
+// agreement-check signatures (by barrier parity), then the slots.
+#define FLAG_BYTES 256
 
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __builtin_ia32_pause()
@@ -86,6 +89,10 @@ void hpcdl_shm_free_struct(hpcdl_shm *s) {
     free(s->slot[0]);
     free(s->slot[1]);
     free(s);
+}
+
+int64_t *hpcdl_shm_sig(const hpcdl_shm *s, int local_rank, int parity) {
+    return (int64_t *)((char *)s->seq[local_rank] + 64 + 64 * parity);
 }
 
 // Collective over t->local.
