@@ -80,6 +80,8 @@ int hpcdl_team_free(hpcdl_team *t);
 
 int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
                       int nsig, const char *const *names);
+// The agreement check from a rank whose own arguments failed validation.
+int hpcdl_check_invalid(const hpcdl_team *t, const char *what, int nsig);
 
 int hpcdl_ring_allreduce(hpcdl_team *t, MPI_Comm comm, const void *send, void *recv,
                          size_t count, hpcdl_dtype dtype, hpcdl_op op);

@@ -491,9 +491,13 @@ int hpcdl_broadcast(hpcdl_ctx *ctx, void *buf, size_t count, hpcdl_dtype dtype, 
 
 // A rank whose buffer failed validation joins the agreement check with
 // valid = 0, so every other rank fails too instead of waiting for it.
-int hpcdl_report_invalid(hpcdl_ctx *ctx, const char *what, int nsig) {
+int hpcdl_check_invalid(const hpcdl_team *t, const char *what, int nsig) {
     static const char *const names[] = {"valid", "x", "x", "x", "x"};
     int64_t sig[5] = {0, 0, 0, 0, 0};
     if (nsig < 1 || nsig > 5) nsig = 5;
-    return LOCKED(ctx, hpcdl_check_agree(&ctx->main, what, sig, nsig, names));
+    return hpcdl_check_agree(t, what, sig, nsig, names);
+}
+
+int hpcdl_report_invalid(hpcdl_ctx *ctx, const char *what, int nsig) {
+    return LOCKED(ctx, hpcdl_check_invalid(&ctx->main, what, nsig));
 }

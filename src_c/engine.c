@@ -67,12 +67,8 @@ struct hpcdl_engine {
 
 static int dispatch(hpcdl_ctx *ctx, work *w, hpcdl_algo *used) {
     hpcdl_team *t = &ctx->eng;
-    if (!w->valid) { // join the agreement check as the rank with a bad buffer
-        static const char *const names[] = {"valid", "x", "x", "x", "x"};
-        int64_t sig[5] = {0, 0, 0, 0, 0};
-        return hpcdl_check_agree(t, kind_names[w->kind], sig,
-                                 w->kind == W_ALLGATHERV ? 4 : 5, names);
-    }
+    if (!w->valid) // join the agreement check as the rank with a bad buffer
+        return hpcdl_check_invalid(t, kind_names[w->kind], w->kind == W_ALLGATHERV ? 4 : 5);
     switch (w->kind) {
     case W_ALLREDUCE:
         return hpcdl_dispatch_allreduce(ctx, t, w->send, w->recv, w->count, w->dtype, w->op,

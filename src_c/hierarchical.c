@@ -55,7 +55,6 @@ int hpcdl_hier_allreduce(hpcdl_team *t, const void *send, void *recv, size_t cou
             hpcdl_reduce_local(mine, acc, slot[j] + lo * esz, hi - lo, dtype, ring_op);
             acc = mine;
         }
-        if (L == 1 && mine != acc) memcpy(mine, acc, (hi - lo) * esz);
         // 4. across nodes on this rank's sub-slice
         if (t->cross_size > 1)
             HPCDL_TRY(hpcdl_ring_allreduce(t, t->cross, mine, mine, hi - lo, dtype, ring_op));

@@ -8,6 +8,7 @@ Slurm job, and runs the module in hpcdl/bench/ on the ranks.
 import sys
 
 from .main import UsageError
+from .run import add_launch_args
 
 DEFAULT_ALGORITHMS = "ring,hier,auto,mpi,mpi4py,gloo"
 
@@ -39,9 +40,7 @@ def _register_allreduce(sub):
                     "buffers, one row per size and implementation, checks every result "
                     "and exits 1 on a wrong value.",
         epilog="example: hpcdl bench allreduce -n 2 --max-bytes 64M --plot busbw.png")
-    p.add_argument("-n", "--np", dest="n", type=int, default=None,
-                   help="ranks to start through mpirun (default: the ranks of this job)")
-    p.add_argument("-H", "--hosts", default=None, help="host:slots,... for the launch")
+    add_launch_args(p)
     p.add_argument("--min-bytes", default="4", help="smallest message (4, 4K, 1M; default 4)")
     p.add_argument("--max-bytes", default="256M", help="largest message (default 256M)")
     p.add_argument("--factor", type=int, default=4, help="size multiplier (default 4)")
@@ -115,8 +114,7 @@ def _register_train(sub):
                     "hpcdl/DDP ratio and the share of hpcdl's communication hidden behind "
                     "backward, and checks that both end with the same parameters.",
         epilog="example: hpcdl bench train -n 2 --model mlp --steps 20")
-    p.add_argument("-n", "--np", dest="n", type=int, default=None,
-                   help="ranks to start through mpirun (default: the ranks of this job)")
+    add_launch_args(p)
     p.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "resnet50"])
     p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
@@ -141,7 +139,7 @@ def run_train(args):
                 "--steps", str(args.steps), "--warmup", str(args.warmup),
                 "--batch", str(args.batch), "--threads", str(args.threads)]
         argv += ["--json", args.json] if args.json else []
-        return launcher.launch(args.n, argv, hosts=None)
+        return launcher.launch(args.n, argv, hosts=args.hosts)
     from ..bench import train
     opts = train.Options(model=args.model, steps=args.steps, warmup=args.warmup,
                          batch=args.batch, threads=args.threads, json=args.json)

@@ -101,6 +101,14 @@ def _run(line):
         raise UsageError("command not found: %s" % line[0])
 
 
+def add_launch_args(parser):
+    """-n / -H for commands that relaunch themselves on ranks (train, bench)."""
+    parser.add_argument("-n", "--np", dest="n", type=int, default=None,
+                        help="ranks to start through mpirun (ignored inside an MPI or "
+                             "Slurm job, which gives the ranks)")
+    parser.add_argument("-H", "--hosts", default=None, help="host:slots,... for -n")
+
+
 def register(sub):
     p = sub.add_parser(
         "run", help="start N ranks of a command through mpirun",

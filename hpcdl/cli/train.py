@@ -12,6 +12,7 @@ import sys
 
 from ..train.config import ConfigError, TrainConfig
 from .main import UsageError
+from .run import add_launch_args
 
 # flag, TrainConfig field, argparse type, help (defaults come from TrainConfig)
 OPTIONS = (
@@ -45,9 +46,7 @@ def register(sub):
                     "every rank takes the same step. Rank 0 prints one line per epoch and "
                     "a summary.",
         epilog="example: hpcdl train -n 4 --epochs 30 --global-batch 128 --out runs/digits")
-    p.add_argument("-n", "--np", dest="n", type=int, default=None,
-                   help="start this many ranks through mpirun (ignored inside a job)")
-    p.add_argument("-H", "--hosts", default=None, help="host:slots,... for -n")
+    add_launch_args(p)
     for flag, field, kind, text in OPTIONS:
         default = getattr(TrainConfig, field)
         if field == "hidden":
