@@ -51,6 +51,19 @@ def from_wire(w, dtype):
     return w.to(dtype)
 
 
+def deliver(tensor, t, wire, inplace):
+    """The result of an op that ran on `wire` for the caller's `tensor` (t is
+    its detached view): the tensor itself when the op ran on it directly,
+    else the wire copied back into it (inplace) or returned as a new tensor."""
+    if wire is t:
+        return tensor
+    out = from_wire(wire, t.dtype).view(t.shape)
+    if inplace:
+        t.copy_(out)
+        return tensor
+    return out
+
+
 def wire_dtype(dtype):
     if dtype in CORE_DTYPES:
         return dtype

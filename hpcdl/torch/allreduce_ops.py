@@ -18,7 +18,8 @@ import torch
 
 from . import _handles
 from ._basics import comm_op, handle_average_backwards_compatibility
-from ._wire import from_wire, is_direct, owned_wire, scale_, to_wire, wire_dtype, wire_shape
+from ._wire import (deliver, from_wire, is_direct, owned_wire, scale_, to_wire, wire_dtype,
+                    wire_shape)
 from .compression import Compression, compress
 
 _auto_names = itertools.count()
@@ -50,13 +51,7 @@ def _start(tensor, inplace, name, op, prescale, postscale):
 
     def finish():
         scale_(recv, postscale)
-        if recv is t:
-            return tensor
-        out = from_wire(recv, t.dtype).view(t.shape)
-        if inplace:
-            t.copy_(out)
-            return tensor
-        return out
+        return deliver(tensor, t, recv, inplace)
     return _handles.register([h], finish, name)
 
 

@@ -20,7 +20,7 @@ import torch
 from . import _handles
 from ._basics import Average, comm_op, rank, size
 from ._shapes import check_rows_agree, gather_shapes
-from ._wire import from_wire, is_direct, owned_wire, scale_, to_wire, wire_shape
+from ._wire import deliver, from_wire, is_direct, owned_wire, scale_, to_wire, wire_shape
 from .allreduce_ops import allreduce, auto_name
 from .compression import Compression, compress
 
@@ -47,15 +47,7 @@ def _start_broadcast(tensor, root_rank, inplace, name):
     buf = t if (inplace and is_direct(t)) else owned_wire(t)
     h = _handles.start("broadcast", buf, root=int(root_rank), name=name)
 
-    def finish():
-        if buf is t:
-            return tensor
-        out = from_wire(buf, t.dtype).view(t.shape)
-        if inplace:
-            t.copy_(out)
-            return tensor
-        return out
-    return _handles.register([h], finish, name)
+    return _handles.register([h], lambda: deliver(tensor, t, buf, inplace), name)
 
 
 def _start_reducescatter(tensor, name, op, prescale, postscale):
