@@ -5,11 +5,13 @@ Slurm job, and runs the module in hpcdl/bench/ on the ranks.
 
     hpcdl bench allreduce -n 2 --max-bytes 64M --json out.json --plot busbw.png
 """
+import importlib
 import sys
 
 from .main import UsageError
 from .run import add_launch_args
 
+EXTRA_BENCHMARKS = []  # e.g. "data" -> hpcdl/cli/bench_data.py with register(sub)
 DEFAULT_ALGORITHMS = "ring,hier,auto,mpi,mpi4py,gloo"
 
 
@@ -22,6 +24,9 @@ def register(subparsers):
     p.set_defaults(func=lambda args: _help(p))
     _register_allreduce(sub)
     _register_train(sub)
+    # benchmarks that live beside their subsystem: hpcdl/cli/bench_<name>.py
+    for name in EXTRA_BENCHMARKS:
+        importlib.import_module("hpcdl.cli.bench_" + name).register(sub)
 
 
 def _help(parser):

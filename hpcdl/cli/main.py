@@ -10,7 +10,7 @@ import sys
 
 from .._version import __version__
 
-SUBCOMMANDS = ["info", "run", "train", "bench"]
+SUBCOMMANDS = ["info", "run", "train", "bench", "data", "slurm", "sim"]
 
 
 class UsageError(Exception):
