@@ -1,36 +1,78 @@
-"""train.py - `hpcdl train`: the built-in trainer (synchronous data-parallel SGD).
+"""train.py - `hpcdl train`: the built-in trainer (synchronous data-parallel SGD,
+or parameter-server modes), configured by flags and an optional config file.
 
-    hpcdl train -n 4              # relaunches itself on 4 ranks through mpirun
-    mpirun -n 4 hpcdl train       # or srun: trains on the ranks it was given
+    hpcdl train -n 4                        # relaunches itself on 4 ranks through mpirun
+    mpirun -n 4 hpcdl train                 # or srun: trains on the ranks it was given
+    hpcdl train -n 4 --config configs/digits-large-batch-lars.yaml --out runs/lars
 
-With -n outside an MPI or Slurm job, the command starts
-`python -m hpcdl train ...` on N ranks (same options, without -n) and returns
-its exit code; otherwise it trains in this process and its peers.
+With -n outside an MPI or Slurm job step, the command starts
+`python -m hpcdl train ...` on N ranks (the same options, without -n) and
+returns its exit code; otherwise it trains in this process and its peers.
 """
 import argparse
 import sys
 
-from ..train.config import ConfigError, TrainConfig
+from ..train.config import (LR_SCALING, MODES, OPTIMIZERS, PRECISIONS, SCHEDULES,
+                            TRAIN_MODELS, ConfigError, TrainConfig, load_file)
 from .main import UsageError
 from .run import add_launch_args
 
-# flag, TrainConfig field, argparse type, help (defaults come from TrainConfig)
+# flag, TrainConfig field, parser, help (defaults come from TrainConfig)
 OPTIONS = (
-    ("--model", "model", str, "model to train"),
-    ("--hidden", "hidden", None, "hidden layer widths, comma-separated"),
-    ("--data", "data", str, "data set (built in: no download)"),
+    ("--model", "model", str, "model: " + ", ".join(TRAIN_MODELS)),
+    ("--hidden", "hidden", "ints", "MLP hidden layer widths, comma-separated"),
+    ("--data", "data", str, "digits | synthetic:CxHxW:CLASSES:SAMPLES | a directory of "
+                            "HDF5 shards from `hpcdl data shard`"),
+    ("--workers", "workers", int, "DataLoader worker processes per rank (shard data)"),
+    ("--stage-to", "stage_to", str, "copy the shards to node-local storage first "
+                                    "(e.g. /dev/shm or $TMPDIR)"),
     ("--epochs", "epochs", int, "passes over the training set"),
     ("--global-batch", "global_batch", int, "samples per step over all ranks; a multiple "
                                             "of the rank count"),
-    ("--base-lr", "base_lr", float, "learning rate"),
-    ("--optimizer", "optimizer", str, "optimizer"),
-    ("--momentum", "momentum", float, "SGD momentum"),
+    ("--optimizer", "optimizer", str, "optimizer: " + ", ".join(OPTIMIZERS)),
+    ("--base-lr", "base_lr", float, "learning rate at --base-batch samples"),
+    ("--base-batch", "base_batch", int, "the batch --base-lr is meant for"),
+    ("--lr-scaling", "lr_scaling", str, "scale the lr to the global batch: "
+                                        + ", ".join(LR_SCALING)),
+    ("--momentum", "momentum", float, "momentum (SGD, LARS, LARC)"),
+    ("--weight-decay", "weight_decay", float, "L2 weight decay"),
+    ("--trust-coefficient", "trust_coefficient", float, "LARS / LARC trust coefficient "
+                                                        "(default 0.001 / 0.02)"),
+    ("--warmup-epochs", "warmup_epochs", float, "linear lr warmup over this many epochs"),
+    ("--warmup-start-lr", "warmup_start_lr", float, "lr at the start of warmup (default "
+                                                    "--base-lr)"),
+    ("--schedule", "schedule", str, "lr after warmup: " + ", ".join(SCHEDULES)),
+    ("--milestones", "milestones", "ints", "step schedule: epochs where lr *= 0.1, "
+                                           "comma-separated"),
+    ("--compression", "compression", str, "gradient compression: none, fp16, bf16, "
+                                          "topk:RATIO"),
+    ("--precision", "precision", str, "compute precision: " + ", ".join(PRECISIONS)),
+    ("--mode", "mode", str, "how gradients meet: " + ", ".join(MODES)),
+    ("--staleness", "staleness", int, "ps-ssp: steps a worker may run ahead"),
+    ("--ps-ranks", "ps_ranks", int, "ps-*: ranks that serve parameters"),
     ("--seed", "seed", int, "seed for weights, data split and shuffles"),
-    ("--out", "out", str, "directory for metrics.jsonl (written by rank 0)"),
+    ("--checkpoint-dir", "checkpoint_dir", str, "write checkpoint.pt here"),
+    ("--checkpoint-every", "checkpoint_every", int, "epochs between checkpoints"),
+    ("--out", "out", str, "directory for metrics.jsonl, summary.json, curves.png, "
+                          "model.pt (rank 0)"),
 )
 
+EPILOG = """\
+examples:
+  hpcdl train -n 4 --epochs 30 --global-batch 128 --out runs/digits
+  hpcdl train -n 4 --config configs/digits-large-batch-lars.yaml
+  hpcdl train -n 2 --model resnet18 --data synthetic:3x32x32:10:2048 --precision bf16
 
-def _widths(text):
+checkpoints: with --checkpoint-dir, checkpoint.pt is replaced atomically every
+--checkpoint-every epochs. SIGUSR1 or SIGTERM to any rank stops every rank
+after the same step, saves a checkpoint and exits 0 (a finished run writes
+summary.json, a stopped one does not). --resume continues from
+--checkpoint-dir/checkpoint.pt when it exists (else starts fresh); --resume
+PATH from that file. A resumed run ends with the parameters of a run that was
+never stopped."""
+
+
+def _ints(text):
     try:
         return tuple(int(w) for w in text.split(",") if w.strip())
     except ValueError:
@@ -40,41 +82,57 @@ def _widths(text):
 
 def register(sub):
     p = sub.add_parser(
-        "train", help="train a model with synchronous data-parallel SGD",
-        description="Train a model on a built-in data set: every rank computes gradients "
-                    "on its slice of each global batch, hpcdl all-reduces their average, "
-                    "every rank takes the same step. Rank 0 prints one line per epoch and "
-                    "a summary.",
-        epilog="example: hpcdl train -n 4 --epochs 30 --global-batch 128 --out runs/digits")
+        "train", help="train a model with data-parallel SGD",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a model: every rank computes gradients on its slice of each "
+                    "global batch, hpcdl all-reduces their average (or a parameter server "
+                    "applies them), every rank takes the same step. Rank 0 shows progress, "
+                    "one line per epoch and a summary.",
+        epilog=EPILOG)
     add_launch_args(p)
-    for flag, field, kind, text in OPTIONS:
-        default = getattr(TrainConfig, field)
-        if field == "hidden":
-            kind, default = _widths, ",".join(map(str, default))
-        p.add_argument(flag, dest=field, type=kind, default=default,
-                       help=text + " (default: %(default)s)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="YAML or TOML file with the same keys as the flags (flags win)")
+    for flag, name, kind, text in OPTIONS:
+        default = getattr(TrainConfig, name)
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        p.add_argument(flag, dest=name, type=_ints if kind == "ints" else kind,
+                       default=argparse.SUPPRESS, help="%s (default: %s)" % (text, shown))
+    p.add_argument("--resume", nargs="?", const="auto", default=argparse.SUPPRESS,
+                   metavar="PATH", help="continue from a checkpoint (default: "
+                                        "--checkpoint-dir/checkpoint.pt if it exists)")
     p.set_defaults(func=run)
 
 
+def explicit(args):
+    """{field: value} of the options given on the command line."""
+    names = [name for _, name, _, _ in OPTIONS] + ["resume"]
+    return {n: getattr(args, n) for n in names if hasattr(args, n)}
+
+
 def config_from_args(args):
-    return TrainConfig(**{field: getattr(args, field) for _, field, _, _ in OPTIONS})
+    values = load_file(args.config) if args.config else {}
+    values.update(explicit(args))
+    return TrainConfig(**values)
 
 
 def forwarded_args(args):
     """The options again as strings, for the relaunched ranks (everything but -n, -H)."""
-    out = []
-    for flag, field, _, _ in OPTIONS:
-        value = getattr(args, field)
-        if value is None:
-            continue
-        out += [flag, ",".join(map(str, value)) if field == "hidden" else str(value)]
+    out = ["--config", args.config] if args.config else []
+    flags = {name: flag for flag, name, _, _ in OPTIONS}
+    flags["resume"] = "--resume"
+    for name, value in explicit(args).items():
+        out += [flags[name], ",".join(map(str, value)) if isinstance(value, tuple)
+                else str(value)]
     return out
 
 
 def run(args):
-    cfg = config_from_args(args)
     if args.n is not None and args.n < 1:
         raise UsageError("-n must be at least 1 (got %d)" % args.n)
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as e:
+        raise UsageError(str(e))
     from .run import inside_parallel_job, launch
     if args.n is not None and not inside_parallel_job():
         _check(cfg, args.n)  # fail once here rather than once per rank

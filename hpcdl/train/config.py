@@ -1,11 +1,29 @@
-"""config.py - TrainConfig: every setting of a training run, with its checks.
-Light on purpose (no torch): the CLI checks a config before it launches ranks."""
-from dataclasses import dataclass
+"""config.py - TrainConfig: every setting of a training run, the checks that
+say what to change, and config files (YAML or TOML) with strict keys.
+Light on purpose (no torch): the CLI checks a config before it launches ranks.
+
+A config file holds the same names as the flags (dashes or underscores):
+
+    # configs/digits-lars.yaml
+    model: mlp
+    global-batch: 1024
+    optimizer: lars
+    warmup-epochs: 5
+    schedule: poly
+
+Precedence: TrainConfig defaults < config file < flags given on the command line.
+"""
+import os
+from dataclasses import dataclass, fields
 
 from .. import models
-from . import data
 
-OPTIMIZERS = ("sgd",)
+OPTIMIZERS = ("sgd", "lars", "larc", "adam")
+SCHEDULES = ("constant", "step", "poly", "cosine")
+LR_SCALING = ("none", "linear", "sqrt")
+PRECISIONS = ("fp32", "bf16", "fp16")
+MODES = ("allreduce", "ps-bsp", "ps-asp", "ps-ssp")
+TRAIN_MODELS = ("mlp",) + models.IMAGE_NAMES
 
 
 class ConfigError(ValueError):
@@ -17,33 +35,164 @@ class TrainConfig:
     # what to train
     model: str = "mlp"
     hidden: tuple = (256, 128)    # MLP hidden layer widths
-    data: str = "digits"
-    test_fraction: float = 0.2    # share of the data set held out for testing
-    # how
+    data: str = "digits"          # digits | synthetic:CxHxW:CLASSES:SAMPLES | shard directory
+    test_fraction: float = 0.2    # held-out share of digits / synthetic data
+    workers: int = 2              # DataLoader worker processes for shard directories
+    stage_to: str = None          # copy shards to node-local storage first (e.g. /dev/shm)
+    # how: batch, optimizer, learning rate
     epochs: int = 30
     global_batch: int = 128       # samples per step over all ranks, split evenly
-    base_lr: float = 0.1
     optimizer: str = "sgd"
+    base_lr: float = 0.1          # the lr at base_batch; --lr-scaling scales it to global_batch
+    base_batch: int = 256
+    lr_scaling: str = "none"      # none: lr = base_lr; linear: x G/base_batch; sqrt
     momentum: float = 0.9
+    weight_decay: float = 0.0
+    trust_coefficient: float = None  # LARS 0.001, LARC 0.02 when not given
+    warmup_epochs: float = 0.0    # linear warmup from warmup_start_lr to the scaled lr
+    warmup_start_lr: float = None  # default: base_lr (Goyal et al.'s gradual warmup)
+    schedule: str = "constant"    # after warmup: constant | step | poly | cosine
+    milestones: tuple = ()        # step schedule: epochs at which lr *= 0.1
+    # how: communication and numerics
+    compression: str = "none"     # none | fp16 | bf16 | topk:RATIO
+    precision: str = "fp32"       # fp32 | bf16 | fp16 (autocast; fp16 with loss scaling)
+    mode: str = "allreduce"       # allreduce | ps-bsp | ps-asp | ps-ssp
+    staleness: int = 0            # SSP bound (steps a worker may run ahead)
+    ps_ranks: int = 1             # parameter-server ranks in ps-* modes
     seed: int = 0                 # weights, train/test split and per-epoch shuffles
-    out: str = None               # directory for metrics.jsonl (rank 0), or None
+    # where
+    checkpoint_dir: str = None    # checkpoint.pt here, every checkpoint_every epochs
+    checkpoint_every: int = 1
+    resume: str = None            # "auto" (checkpoint_dir's, if any) or a checkpoint path
+    out: str = None               # metrics.jsonl, summary.json, curves.png, model.pt (rank 0)
 
     def check(self, size):
         """ConfigError, saying what to change, if this cannot run on size ranks."""
-        if self.epochs < 1:
-            raise ConfigError("--epochs is %d; give 1 or more" % self.epochs)
-        if self.global_batch < 1 or self.global_batch % size:
-            raise ConfigError("global batch %d does not divide evenly by %d ranks; pick a "
-                              "--global-batch that is a multiple of %d"
-                              % (self.global_batch, size, size))
-        if self.base_lr <= 0:
-            raise ConfigError("--base-lr is %g; give a positive learning rate" % self.base_lr)
-        if any(h < 1 for h in self.hidden):
-            raise ConfigError("--hidden %s has a width below 1; give widths like 256,128"
-                              % ",".join(map(str, self.hidden)))
-        for kind, name, names in (("model", self.model, models.NAMES),
-                                  ("data", self.data, data.NAMES),
-                                  ("optimizer", self.optimizer, OPTIMIZERS)):
+        for kind, name, names in (("model", self.model, TRAIN_MODELS),
+                                  ("optimizer", self.optimizer, OPTIMIZERS),
+                                  ("schedule", self.schedule, SCHEDULES),
+                                  ("lr-scaling", self.lr_scaling, LR_SCALING),
+                                  ("precision", self.precision, PRECISIONS),
+                                  ("mode", self.mode, MODES)):
             if name not in names:
                 raise ConfigError("unknown %s %r; use --%s with one of: %s"
                                   % (kind, name, kind, ", ".join(names)))
+        _positive("--epochs", self.epochs)
+        _positive("--base-batch", self.base_batch)
+        _positive("--checkpoint-every", self.checkpoint_every)
+        if self.base_lr <= 0:
+            raise ConfigError("--base-lr is %g; give a positive learning rate" % self.base_lr)
+        self._check_ps(size)
+        if self.global_batch < 1 or self.global_batch % self._workers(size):
+            raise ConfigError("global batch %d does not divide evenly by %d %s; pick a "
+                              "--global-batch that is a multiple of %d"
+                              % (self.global_batch, self._workers(size),
+                                 "ranks" if self.mode == "allreduce" else "workers",
+                                 self._workers(size)))
+        if any(h < 1 for h in self.hidden):
+            raise ConfigError("--hidden %s has a width below 1; give widths like 256,128"
+                              % ",".join(map(str, self.hidden)))
+        if self.warmup_epochs < 0 or self.warmup_epochs > self.epochs:
+            raise ConfigError("--warmup-epochs %g must be between 0 and --epochs %d"
+                              % (self.warmup_epochs, self.epochs))
+        if self.resume not in (None, "auto") and not os.path.isfile(self.resume):
+            raise ConfigError("--resume %s: no such checkpoint file" % self.resume)
+        if self.resume == "auto" and not self.checkpoint_dir:
+            raise ConfigError("--resume without a path needs --checkpoint-dir (where to "
+                              "look for checkpoint.pt)")
+        _check_compression(self.compression)
+        from . import data  # names and paths of data sources
+        data.check_source(self.data, self.model)
+
+    def _workers(self, size):
+        return size - self.ps_ranks if self.mode.startswith("ps-") else size
+
+    def _check_ps(self, size):
+        if self.staleness < 0:
+            raise ConfigError("--staleness %d is impossible; give 0 (BSP) or more"
+                              % self.staleness)
+        if not self.mode.startswith("ps-"):
+            return
+        if self.ps_ranks < 1 or self.ps_ranks >= size:
+            raise ConfigError("--ps-ranks %d with %d ranks: parameter-server mode needs at "
+                              "least one server and one worker (1 <= --ps-ranks < ranks)"
+                              % (self.ps_ranks, size))
+        for flag, bad in (("--precision", self.precision != "fp32"),
+                          ("--compression", self.compression != "none"),
+                          ("--optimizer", self.optimizer != "sgd")):
+            if bad:
+                raise ConfigError("%s is not supported with --mode %s (the servers apply "
+                                  "plain SGD with momentum in fp32)" % (flag, self.mode))
+
+
+def _check_compression(spec):
+    try:
+        if spec.startswith("topk:"):
+            if not 0 < float(spec.split(":", 1)[1]) <= 1:
+                raise ValueError
+        elif spec not in ("none", "fp16", "bf16"):
+            raise ValueError
+    except ValueError:
+        raise ConfigError("unknown --compression %r; use none, fp16, bf16 or topk:RATIO "
+                          "with 0 < RATIO <= 1 (e.g. topk:0.01)" % spec)
+
+
+def _positive(flag, value):
+    if value < 1:
+        raise ConfigError("%s is %d; give 1 or more" % (flag, value))
+
+
+# ---------------------------------------------------------------- config files
+FIELDS = {f.name: f for f in fields(TrainConfig)}
+
+
+def load_file(path):
+    """{field: value} from a YAML (.yaml/.yml) or TOML (.toml) file; unknown keys
+    and values of the wrong kind raise ConfigError naming them."""
+    if not os.path.isfile(path):
+        raise ConfigError("config file %s does not exist" % path)
+    try:
+        if path.endswith(".toml"):
+            import tomllib
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        elif path.endswith((".yaml", ".yml")):
+            import yaml
+            with open(path) as f:
+                raw = yaml.safe_load(f) or {}
+        else:
+            raise ConfigError("config file %s: name it .yaml, .yml or .toml" % path)
+    except ConfigError:
+        raise
+    except Exception as e:  # the parser's own message says where
+        raise ConfigError("config file %s does not parse: %s" % (path, e))
+    if not isinstance(raw, dict):
+        raise ConfigError("config file %s must hold key: value pairs" % path)
+    return {_field(path, k): _coerce(path, k, v) for k, v in raw.items()}
+
+
+def _field(path, key):
+    name = str(key).replace("-", "_")
+    if name not in FIELDS or name in ("resume",):
+        known = ", ".join(sorted(k.replace("_", "-") for k in FIELDS if k != "resume"))
+        raise ConfigError("config file %s: unknown key %r (known keys: %s)"
+                          % (path, key, known))
+    return name
+
+
+def _coerce(path, key, value):
+    """The value as the field's declared type: lists become tuples of ints."""
+    kind = FIELDS[_field(path, key)].type
+    try:
+        if kind is tuple:
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(int(v) for v in items if str(v).strip())
+        if value is None:
+            return None
+        if kind is int and not float(value).is_integer():
+            raise ValueError(value)
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError("config file %s: %s = %r is not a%s %s"
+                          % (path, key, value, "n" if kind is int else "",
+                             "list of integers" if kind is tuple else kind.__name__))

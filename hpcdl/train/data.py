@@ -1,36 +1,99 @@
-"""data.py - the training data: a built-in data set split into train and test,
-and the shard of each epoch's batches that one rank reads.
+"""data.py - the trainer's data: a source (digits, synthetic, or a directory of
+HDF5 shards from `hpcdl data shard`) split into train and test, and the shard
+of each epoch's batches that one rank reads.
 
 Shapes: N = samples, F = features, G = global batch (all ranks), L = G / ranks.
 torch is imported on use, so the CLI can check names without loading it.
 """
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
-NAMES = ("digits",)
+NAMES = ("digits", "synthetic:CxHxW:CLASSES:SAMPLES", "DIR (HDF5 shards)")
+SYNTHETIC = re.compile(r"^synthetic:(\d+(?:x\d+)*):(\d+):(\d+)$")
 
 
 @dataclass
 class Dataset:
-    x_train: torch.Tensor   # (N_train, F) float32, standardised
-    y_train: torch.Tensor   # (N_train,) int64 class labels
-    x_test: torch.Tensor    # (N_test, F), standardised with the training statistics
-    y_test: torch.Tensor    # (N_test,)
+    """Train and test tensors held in memory (digits, synthetic)."""
+    x_train: "torch.Tensor"   # (N_train, *sample_shape) float32
+    y_train: "torch.Tensor"   # (N_train,) int64 class labels
+    x_test: "torch.Tensor"    # (N_test, *sample_shape)
+    y_test: "torch.Tensor"    # (N_test,)
     num_classes: int
+    image_shape: tuple = None  # (C, H, W) the samples can be viewed as, for ResNets
 
     @property
     def num_features(self):
-        return self.x_train.shape[1]
+        return self.x_train[0].numel()
+
+    @property
+    def n_train(self):
+        return len(self.y_train)
+
+    @property
+    def n_test(self):
+        return len(self.y_test)
+
+    def train_batches(self, rows):
+        """(x, y) for each row of sample indices (steps, L), in row order."""
+        import torch
+        for idx in torch.from_numpy(rows):
+            yield self.x_train[idx], self.y_train[idx]
+
+    def test_batches(self, idx, batch=512):
+        """(x, y) over the test samples idx, batch at a time."""
+        for i in range(0, len(idx), batch):
+            part = idx[i:i + batch]
+            yield self.x_test[part], self.y_test[part]
 
 
-def load(name, seed=0, test_fraction=0.2):
-    """The data set `name`, split with `seed`: the same split on every rank and run."""
-    if name == "digits":
+# ---------------------------------------------------------------- choosing a source
+def check_source(spec, model):
+    """ConfigError (from config) if spec names no source or cannot feed model."""
+    from .config import ConfigError
+    if spec == "digits":
+        return
+    m = SYNTHETIC.match(spec)
+    if m:
+        shape, classes, samples = _synthetic_spec(m)
+        if classes < 2 or samples < 2 or 0 in shape:
+            raise ConfigError("--data %s: give at least 2 classes, 2 samples and non-zero "
+                              "dimensions" % spec)
+        if model != "mlp" and len(shape) != 3:
+            raise ConfigError("--data %s: %s takes images; give the shape as CxHxW, e.g. "
+                              "synthetic:3x32x32:10:1024" % (spec, model))
+        return
+    if spec.startswith("synthetic"):
+        raise ConfigError("--data %s: write synthetic data as synthetic:CxHxW:CLASSES:SAMPLES "
+                          "(e.g. synthetic:3x32x32:10:1024) or synthetic:F:CLASSES:SAMPLES"
+                          % spec)
+    if not os.path.exists(spec):
+        raise ConfigError("--data %s: no such directory (and not a built-in source). Use "
+                          "one of: %s; make shards with `hpcdl data shard`"
+                          % (spec, ", ".join(NAMES)))
+    if not os.path.isdir(spec):
+        raise ConfigError("--data %s is a file; give the directory `hpcdl data shard` wrote"
+                          % spec)
+
+
+def _synthetic_spec(m):
+    return tuple(int(d) for d in m.group(1).split("x")), int(m.group(2)), int(m.group(3))
+
+
+def load(spec, seed=0, test_fraction=0.2, **shard_options):
+    """The source spec, split with seed: the same split on every rank and run."""
+    if spec == "digits":
         return _load_digits(seed, test_fraction)
-    raise ValueError("unknown data set %r; use one of: %s" % (name, ", ".join(NAMES)))
+    m = SYNTHETIC.match(spec)
+    if m:
+        return _load_synthetic(*_synthetic_spec(m), seed, test_fraction)
+    from .shards import load_shards
+    return load_shards(spec, **shard_options)
 
 
 def _load_digits(seed, test_fraction):
@@ -49,9 +112,24 @@ def _load_digits(seed, test_fraction):
     def tensor(a):
         return torch.from_numpy(((a - mean) / std).astype(np.float32))
     return Dataset(tensor(x_tr), torch.from_numpy(y_tr.astype(np.int64)),
-                   tensor(x_te), torch.from_numpy(y_te.astype(np.int64)), 10)
+                   tensor(x_te), torch.from_numpy(y_te.astype(np.int64)), 10,
+                   image_shape=(1, 8, 8))
 
 
+def _load_synthetic(shape, classes, samples, seed, test_fraction):
+    """Gaussian samples labelled by a fixed random linear teacher: learnable,
+    reproducible from seed, and the same on every rank."""
+    import torch
+    g = torch.Generator().manual_seed(10_000 + seed)
+    x = torch.randn((samples,) + shape, generator=g)
+    teacher = torch.randn(x[0].numel(), classes, generator=g)
+    y = (x.reshape(samples, -1) @ teacher).argmax(1)
+    n_test = max(1, int(round(samples * test_fraction)))
+    return Dataset(x[n_test:], y[n_test:], x[:n_test], y[:n_test], classes,
+                   image_shape=shape if len(shape) == 3 else None)
+
+
+# ---------------------------------------------------------------- who reads what
 def steps_per_epoch(n, global_batch):
     """Full global batches in an epoch; the remaining n % G samples sit it out."""
     return n // global_batch

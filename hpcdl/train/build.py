@@ -1,0 +1,68 @@
+"""build.py - from a TrainConfig to the objects of a run: the model, the
+optimizer (SGD, LARS, LARC over SGD, Adam) with the learning rate scaled to the
+global batch, its warmup + decay schedule, and the gradient compression."""
+import torch
+
+from .. import models
+
+
+def build_model(cfg, ds):
+    """A freshly initialised model for ds's samples (seed torch first)."""
+    if cfg.model == "mlp":
+        return models.build("mlp", ds.num_features, ds.num_classes, hidden=cfg.hidden)
+    if ds.image_shape is None:
+        from .config import ConfigError
+        raise ConfigError("--model %s takes images, but --data %s has flat samples; use "
+                          "--model mlp or image data" % (cfg.model, cfg.data))
+    return models.build(cfg.model, ds.image_shape, ds.num_classes)
+
+
+def peak_lr(cfg):
+    """base_lr scaled to the global batch by --lr-scaling (Goyal et al. 2017)."""
+    from ..optim import scale_lr
+    return scale_lr(cfg.base_lr, cfg.global_batch, base_batch=cfg.base_batch,
+                    rule=cfg.lr_scaling)
+
+
+def build_optimizer(cfg, model):
+    """The local optimizer at the peak lr; DistributedOptimizer wraps it later."""
+    from .. import optim
+    lr = peak_lr(cfg)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "lars":
+        # biases and norm weights: no adaptation, no decay (You et al. 2017)
+        groups = optim.exclude_bias_and_norm(model, weight_decay=cfg.weight_decay)
+        trust = 0.001 if cfg.trust_coefficient is None else cfg.trust_coefficient
+        return optim.LARS(groups, lr=lr, momentum=cfg.momentum,
+                          weight_decay=cfg.weight_decay, trust_coefficient=trust)
+    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum,
+                          weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "larc":
+        trust = 0.02 if cfg.trust_coefficient is None else cfg.trust_coefficient
+        return optim.LARC(sgd, trust_coefficient=trust, clip=True)
+    return sgd
+
+
+def build_schedule(cfg, opt, steps_per_epoch):
+    """Per-step LR scheduler: warmup from --warmup-start-lr (default: base_lr,
+    Goyal et al.'s start) to the scaled lr, then constant / step / poly / cosine."""
+    from ..optim import warmup_schedule
+    start = None
+    if cfg.warmup_epochs > 0:
+        start = min(cfg.base_lr if cfg.warmup_start_lr is None else cfg.warmup_start_lr,
+                    peak_lr(cfg))
+    return warmup_schedule(opt, steps_per_epoch=steps_per_epoch, epochs=cfg.epochs,
+                           warmup_epochs=cfg.warmup_epochs, warmup_start=start,
+                           decay=cfg.schedule, milestones=cfg.milestones)
+
+
+def build_compression(spec):
+    """none | fp16 | bf16 | topk:RATIO -> a hpcdl.torch compressor."""
+    from ..torch import Compression
+    if spec.startswith("topk:"):
+        return Compression.topk(float(spec.split(":", 1)[1]))
+    if spec in ("none", "fp16", "bf16"):
+        return getattr(Compression, spec)
+    raise ValueError(spec)
+

@@ -1,0 +1,101 @@
+"""checkpoint.py - the trainer's checkpoints: written atomically by rank 0,
+read back with torch.load(weights_only=True) (tensors and plain values only, no
+arbitrary pickle), checked against the run before anything is restored.
+
+A checkpoint holds everything the next step depends on: model, optimizer,
+LR schedule, loss scale, the data position (epoch, step within it; the order
+of samples is a function of seed and epoch), RNG states, the per-rank top-k
+residuals, and the partial sums of the interrupted epoch's metrics. So a run
+stopped anywhere and resumed ends with exactly the parameters of a run that
+never stopped.
+
+Atomic: the file is written under a temporary name in the same directory,
+flushed to disk, then renamed over checkpoint.pt; a kill during the save
+leaves the previous checkpoint whole.
+"""
+import os
+
+import torch
+
+from .. import comm
+from .config import ConfigError
+
+FORMAT = 1
+FILENAME = "checkpoint.pt"
+
+
+def path_in(directory):
+    return os.path.join(directory, FILENAME)
+
+
+def meta_of(cfg, model):
+    """What a checkpoint must match to be resumed by this run."""
+    return {"model": cfg.model, "hidden": list(cfg.hidden), "data": cfg.data,
+            "global_batch": cfg.global_batch, "optimizer": cfg.optimizer,
+            "seed": cfg.seed, "epochs": cfg.epochs,
+            "shapes": {k: list(v.shape) for k, v in model.state_dict().items()}}
+
+
+def save(path, state):
+    """Rank 0 writes state to path atomically; every rank returns after it is
+    on disk (collective)."""
+    error = None
+    if comm.rank() == 0:
+        tmp = "%s.tmp.%d" % (path, os.getpid())
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(tmp, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)  # atomic on POSIX: old or new, never half
+        except OSError as e:
+            error = "could not write checkpoint %s: %s" % (path, e)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    _raise_if_any(error)
+
+
+def load(path, cfg, model):
+    """The checkpoint at path, checked against this run (collective: every
+    rank reads it and every rank raises ConfigError if any rank could not)."""
+    error, state = None, None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        error = _mismatch(path, state, meta_of(cfg, model))
+    except FileNotFoundError:
+        error = "checkpoint %s does not exist" % path
+    except Exception as e:  # torch/zip/pickle errors of a damaged file
+        error = ("checkpoint %s is unreadable (truncated or corrupted?): %s. Delete it or "
+                 "resume from another checkpoint" % (path, str(e).splitlines()[0]))
+    _raise_if_any(error)
+    return state
+
+
+def _mismatch(path, state, meta):
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        return "%s is not an hpcdl train checkpoint (format %d)" % (path, FORMAT)
+    old = state["meta"]
+    for key, flag in (("model", "--model"), ("hidden", "--hidden"), ("data", "--data"),
+                      ("global_batch", "--global-batch"), ("optimizer", "--optimizer"),
+                      ("seed", "--seed")):
+        if old[key] != meta[key]:
+            return ("checkpoint %s was written by a run with %s %s, this run has %s; "
+                    "resume with the same %s (or start without --resume)"
+                    % (path, flag, _show(old[key]), _show(meta[key]), flag))
+    if old["shapes"] != meta["shapes"]:
+        return ("checkpoint %s holds a model with other parameters (%d tensors) than "
+                "--model %s here (%d tensors)" % (path, len(old["shapes"]), meta["model"],
+                                                  len(meta["shapes"])))
+    return None
+
+
+def _show(v):
+    return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def _raise_if_any(error):
+    """Every rank learns whether any rank failed; all raise the first message."""
+    errors = [e for e in comm.world().mpi.allgather(error) if e]
+    if errors:
+        raise ConfigError(errors[0])

@@ -1,0 +1,131 @@
+"""report.py - what rank 0 shows and writes during training: a tqdm bar per
+epoch on a terminal (a plain progress line every PLAIN_EVERY_S seconds
+otherwise, as in a Slurm output file), one line per epoch, metrics.jsonl,
+curves.png (loss, accuracy and learning rate against epoch), summary.json and
+model.pt at the end. Other ranks get a Reporter that does nothing."""
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+
+from .. import comm
+
+PLAIN_EVERY_S = 30.0
+
+
+class Reporter:
+    def __init__(self, cfg, resumed):
+        self.cfg = cfg
+        self.lead = comm.rank() == 0
+        self.metrics = None
+        if self.lead and cfg.out:
+            os.makedirs(cfg.out, exist_ok=True)
+            # a resumed run continues the file; a fresh one starts it over
+            self.metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "a" if resumed else "w")
+        self.bar = None
+        self._last_plain = 0.0
+
+    # ------------------------------------------------------------ progress
+    def start_epoch(self, epoch, steps, done):
+        if not self.lead:
+            return
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=steps, initial=done, desc="epoch %d/%d" % (epoch, self.cfg.epochs),
+                            unit="step", leave=False, dynamic_ncols=True)
+        self._last_plain = time.monotonic()
+        self._epoch, self._steps = epoch, steps
+
+    def step(self, step, loss):
+        if not self.lead:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss="%.4f" % loss, refresh=False)
+        elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S:
+            self._last_plain = time.monotonic()
+            comm.print0("  epoch %d step %d/%d  loss %.4f"
+                        % (self._epoch, step + 1, self._steps, loss))
+
+    def end_epoch(self, rec):
+        if not self.lead:
+            return
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        comm.print0("epoch %3d/%d  loss %.4f  acc %.4f  test_acc %.4f  lr %.4g  samples/s %.0f"
+                    % (rec["epoch"], self.cfg.epochs, rec["loss"], rec["accuracy"],
+                       rec["test_accuracy"], rec["lr"], rec["samples_per_s"]))
+        if self.metrics is not None:
+            self.metrics.write(json.dumps(rec) + "\n")
+            self.metrics.flush()  # readable while training runs
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    # ------------------------------------------------------------ the end
+    def finish(self, summary, model):
+        comm.print0("# summary")
+        for label, key, fmt in (("test accuracy", "test_accuracy", "%.4f"),
+                                ("test loss", "test_loss", "%.4f"),
+                                ("samples/s", "samples_per_s", "%.0f"),
+                                ("wall time (s)", "wall_s", "%.2f"),
+                                ("ranks", "ranks", "%d"),
+                                ("global batch", "global_batch", "%d"),
+                                ("params sha256", "params_sha256", "%s")):
+            comm.print0("%-14s " % label + fmt % summary[key])
+        if not (self.lead and self.cfg.out):
+            return
+        _write_json(os.path.join(self.cfg.out, "summary.json"), summary)
+        torch.save(model.state_dict(), os.path.join(self.cfg.out, "model.pt"))
+        plot_curves(os.path.join(self.cfg.out, "metrics.jsonl"),
+                    os.path.join(self.cfg.out, "curves.png"))
+
+
+def params_digest(model):
+    """sha256 over every parameter and buffer, in state_dict order: equal
+    digests mean bit-identical models."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def plot_curves(metrics_path, png_path):
+    """Loss, accuracy (train and test) and learning rate against epoch."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with open(metrics_path) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    if not recs:
+        return
+    ep = [r["epoch"] for r in recs]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for ax, keys, title in ((axes[0], ("loss", "test_loss"), "loss"),
+                            (axes[1], ("accuracy", "test_accuracy"), "accuracy"),
+                            (axes[2], ("lr",), "learning rate (end of epoch)")):
+        for k in keys:
+            ax.plot(ep, [r[k] for r in recs], marker=".", label=k)
+        ax.set_xlabel("epoch")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if len(keys) > 1:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
