@@ -1,0 +1,160 @@
+"""test_train_resume.py - the trainer's checkpoints on 2 real ranks: a run
+stopped by SIGUSR1 or SIGTERM checkpoints and exits 0, and --resume ends with
+exactly the parameters of a run that never stopped (LARS, warmup + poly decay,
+fp16 with loss scaling, top-k compression: every piece of state matters);
+damaged or foreign checkpoints fail on every rank; a kill during a save
+leaves the previous checkpoint whole; config files are strict."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mpi_harness import REPO, mpi_env, run_mpi
+from hpcdl.cli.run import mpirun_command
+
+TRAIN = [sys.executable, "-m", "hpcdl", "train"]
+RECIPE = ["--epochs", "8", "--global-batch", "64", "--optimizer", "lars", "--base-lr", "2",
+          "--warmup-epochs", "2", "--schedule", "poly", "--precision", "fp16",
+          "--compression", "topk:0.5", "--hidden", "64,32"]
+
+
+def _summary(out):
+    return json.loads((out / "summary.json").read_text())
+
+
+def _epochs(out):
+    return [json.loads(l)["epoch"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    run_mpi(2, TRAIN + RECIPE + ["--out", str(out)], timeout=180, check=True)
+    return _summary(out)
+
+
+def _start_then_signal(out, ckpt, signum, rank_index):
+    """Starts the recipe on 2 ranks; once epoch 1 is reported, sends signum to
+    one rank process. Returns (exit code, output)."""
+    line = mpirun_command(2, TRAIN + RECIPE + ["--out", str(out), "--checkpoint-dir",
+                                               str(ckpt)])
+    proc = subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=mpi_env(), cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, "no epoch reported"
+            time.sleep(0.05)
+        ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                               text=True).stdout.split()
+        assert len(ranks) == 2, ranks
+        os.kill(int(sorted(ranks, key=int)[rank_index]), signum)
+        out_text, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, out_text
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("signum,rank_index", [(signal.SIGUSR1, 1), (signal.SIGTERM, 0)])
+def test_signal_checkpoints_and_resume_matches_uninterrupted(tmp_path, uninterrupted,
+                                                             signum, rank_index):
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    code, text = _start_then_signal(out, ckpt, signum, rank_index)
+    name = signal.Signals(signum).name
+    assert code == 0 and "stopped by %s at epoch" % name in text, text
+    assert (ckpt / "checkpoint.pt").exists() and not (out / "summary.json").exists()
+    assert not [p for p in os.listdir(ckpt) if p != "checkpoint.pt"]  # no temp files left
+    r = run_mpi(2, TRAIN + RECIPE + ["--out", str(out), "--checkpoint-dir", str(ckpt),
+                                     "--resume"], timeout=180, check=True)
+    assert "resumed from" in r.stdout, r.stdout
+    resumed = _summary(out)
+    assert resumed["params_sha256"] == uninterrupted["params_sha256"], r.stdout
+    assert resumed["steps"] == uninterrupted["steps"] == 8 * (1437 // 64)
+    assert _epochs(out) == list(range(1, 9))  # metrics continue; no epoch twice or missing
+
+
+@pytest.mark.mpi
+def test_bad_checkpoints_fail_on_every_rank(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    base = TRAIN + ["--epochs", "1", "--global-batch", "64", "--hidden", "32",
+                    "--checkpoint-dir", str(ckpt)]
+    run_mpi(2, base, timeout=120, check=True)
+    good = (ckpt / "checkpoint.pt").read_bytes()
+    cases = [  # (how to damage or mismatch, flags of the resuming run, expected message)
+        (good[:len(good) // 2], [], "is unreadable (truncated or corrupted?)"),
+        (b"not a checkpoint at all", [], "is unreadable"),
+        (good, ["--hidden", "64"], "run with --hidden 32, this run has 64"),
+        (good, ["--global-batch", "32"], "--global-batch 64, this run has 32"),
+    ]
+    for data, flags, message in cases:
+        bad = tmp_path / "bad.pt"
+        bad.write_bytes(data)
+        r = run_mpi(2, base + ["--resume", str(bad)] + flags, timeout=120)
+        assert r.returncode != 0, r.stdout
+        assert r.stdout.count("hpcdl: error: checkpoint %s" % bad) == 2, r.stdout  # both ranks
+        assert message in r.stdout, (message, r.stdout)
+
+
+def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
+    # a real SIGKILL while torch.save writes a large state: checkpoint.pt must
+    # still be the earlier, small one, complete and loadable
+    path = tmp_path / "checkpoint.pt"
+    code = """if 1:
+        import sys, torch
+        from hpcdl.train import checkpoint
+        checkpoint.save(sys.argv[1], {"step": 1, "w": torch.arange(10.0)})
+        print("saved small", flush=True)
+        big = {"step": 2, "w": torch.ones(256 * 2**20 // 4)}
+        while True:
+            checkpoint.save(sys.argv[1], big)
+    """
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE,
+                            text=True, env=mpi_env())
+    assert proc.stdout.readline().strip() == "saved small"
+    deadline = time.monotonic() + 60
+    while not [p for p in os.listdir(tmp_path) if ".tmp." in p]:
+        assert time.monotonic() < deadline, "the large save never started"
+        time.sleep(0.001)
+    proc.kill()
+    proc.wait()
+    import torch
+    state = torch.load(path, weights_only=True)
+    if state["step"] == 2:  # the big save may have finished before the kill: fine,
+        assert state["w"].numel() == 256 * 2**20 // 4  # as long as it is whole
+    else:
+        assert state["step"] == 1 and state["w"].tolist() == list(range(10))
+
+
+# ---------------------------------------------------------------- config files
+def test_config_file_values_flags_win_and_unknown_keys_fail(tmp_path, monkeypatch, capsys):
+    from hpcdl.cli import main as cli_main
+    from hpcdl.cli.train import config_from_args
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("model: mlp\nglobal-batch: 96\noptimizer: lars\nmilestones: [3, 6]\n"
+                         "warmup_epochs: 2\n")
+    args = cli_main.build_parser().parse_args(["train", "--config", str(yaml_file),
+                                               "--global-batch", "48"])
+    cfg = config_from_args(args)
+    assert (cfg.global_batch, cfg.optimizer, cfg.milestones, cfg.warmup_epochs) == \
+        (48, "lars", (3, 6), 2.0)
+    toml_file = tmp_path / "c.toml"
+    toml_file.write_text('schedule = "cosine"\nepochs = 12\nhidden = [16, 8]\n')
+    cfg = config_from_args(cli_main.build_parser().parse_args(["train", "--config",
+                                                               str(toml_file)]))
+    assert (cfg.schedule, cfg.epochs, cfg.hidden) == ("cosine", 12, (16, 8))
+    monkeypatch.setattr("hpcdl.cli.run.launch", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr("hpcdl.cli.run.inside_parallel_job", lambda: False)
+    for text, message in (("learning_rate: 0.1\n", "unknown key 'learning_rate'"),
+                          ("epochs: ten\n", "epochs = 'ten' is not an int"),
+                          ("epochs: 2.5\n", "epochs = 2.5 is not an int"),
+                          ("[unclosed\n", "does not parse")):
+        yaml_file.write_text(text)
+        assert cli_main.main(["train", "-n", "2", "--config", str(yaml_file)]) == 2
+        assert message in capsys.readouterr().err
