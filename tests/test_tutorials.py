@@ -1,4 +1,5 @@
-"""test_tutorials.py - every tutorial runs to its final check under mpirun."""
+"""test_tutorials.py - every tutorial runs to its final check under mpirun, has an
+exercise, and tutorial 02's check fails when its ring is broken."""
 import glob
 import os
 
@@ -16,3 +17,29 @@ TUTORIALS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "tuto
 def test_tutorial_runs(path, n):
     r = run_python(n, path, timeout=90)
     assert "all checks passed" in r.stdout, r.stdout
+
+
+def test_every_tutorial_has_an_exercise():
+    for path in TUTORIALS:
+        with open(path) as f:
+            assert "Exercise" in f.read().split('"""')[1], path
+
+
+@pytest.mark.mpi
+def test_ring_tutorial_catches_a_broken_ring(tmp_path):
+    # exercise b's bug: every rank sends its own block in the all-gather, on
+    # lengths that are multiples of N (so MPI sees no size mismatch): only
+    # tutorial 02's own check can notice, and it must exit non-zero
+    path = [p for p in TUTORIALS if os.path.basename(p) == "02_ring_allreduce.py"][0]
+    with open(path) as f:
+        src = f.read()
+    swaps = [("block(buf, r - s, N), block(buf, r - s - 1, N)",
+              "block(buf, r, N), block(buf, r - s - 1, N)"),
+             ("(0, 1, size - 1, size + 1, 1031, 100003)", "(0, 4 * size, 1028 * size)")]
+    for old, new in swaps:
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    broken = tmp_path / "02_broken.py"
+    broken.write_text(src)
+    r = run_python(4, str(broken), timeout=90, check=False)
+    assert r.returncode != 0 and "FAILED" in r.stdout and "elements differ" in r.stdout, r.stdout

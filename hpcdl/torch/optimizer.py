@@ -24,6 +24,7 @@ import torch
 from mpi4py import MPI
 
 from .. import comm
+from ..optim.wrapper import OptimizerWrapper
 from ..trace import timeline as _timeline
 from .compression import compress
 
@@ -53,7 +54,7 @@ class _Bucket:
         self.t_ready = self.t_submit = self.t_submitted = 0.0
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedOptimizer(OptimizerWrapper):
     """Wraps an optimizer so that step() applies gradients averaged over all
     ranks. A plain wrapper: param_groups and state are the wrapped optimizer's
     own objects, so LR schedulers and checkpoints see one optimizer."""
@@ -64,9 +65,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         from .compression import Compression
         from ._basics import comm_op
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-        super().__init__(params, dict(optimizer.defaults))
-        self.param_groups, self.state = optimizer.param_groups, optimizer.state
-        self._opt = optimizer
+        super().__init__(optimizer, params)
         self._compression = compression if compression is not None else Compression.none
         self._passes_per_step = int(backward_passes_per_step)
         if self._passes_per_step < 1:
@@ -206,14 +205,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for p, v in zip(b.params, b.views):
                 p.grad = v
 
-    # ------------------------------------------------------ delegate the rest
-    def state_dict(self):
-        return self._opt.state_dict()
-
-    def load_state_dict(self, state_dict):
-        self._opt.load_state_dict(state_dict)
-        self.param_groups, self.state = self._opt.param_groups, self._opt.state
-
+    # ------------------------------------- state_dict etc.: OptimizerWrapper's
     def add_param_group(self, param_group):
         if not hasattr(self, "_hooks"):  # torch.optim.Optimizer.__init__ building groups
             return super().add_param_group(param_group)
