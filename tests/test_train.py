@@ -137,7 +137,7 @@ def _train(n, out, *args):
     cmd = TRAIN + ["--epochs", "3", "--global-batch", "64", "--out", str(out)] + list(args)
     r = run_mpi(n, cmd, timeout=120, check=True)
     epochs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    return r.stdout, epochs
+    return r.stdout, epochs, out
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def runs(tmp_path_factory):
 
 @pytest.mark.mpi
 def test_two_ranks_print_epochs_and_a_summary(runs):
-    out, epochs = runs["two"]
+    out, epochs, _ = runs["two"]
     assert len(re.findall(r"epoch +\d+/3 +loss", out)) == 3, out
     acc = re.search(r"test accuracy +([0-9.]+)", out)
     assert acc and float(acc.group(1)) > 0.85, out
@@ -176,3 +176,22 @@ def test_same_seed_same_ranks_same_numbers(runs):
     strip = [{k: v for k, v in e.items() if k not in timing} for e in runs["two"][1]]
     again = [{k: v for k, v in e.items() if k not in timing} for e in runs["two_again"][1]]
     assert strip == again
+
+
+@pytest.mark.mpi
+def test_ps_bsp_trains_exactly_like_allreduce(runs, tmp_path):
+    # 3 ranks = 1 server + 2 workers reading the slices 2 all-reduce ranks read:
+    # the same arithmetic in the same order, so bit-identical parameters
+    _train(3, tmp_path, "--mode", "ps-bsp")
+    ps = json.loads((tmp_path / "summary.json").read_text())
+    two = json.loads((runs["two"][2] / "summary.json").read_text())
+    assert ps["params_sha256"] == two["params_sha256"]
+    assert (ps["mode"], ps["ranks"], ps["steps"]) == ("ps-bsp", 3, two["steps"])
+
+
+@pytest.mark.mpi
+def test_ps_ssp_keeps_its_bound_and_learns(tmp_path):
+    out = _train(4, tmp_path, "--mode", "ps-ssp", "--staleness", "2", "--ps-ranks", "2",
+                 "--global-batch", "60")[0]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["max_staleness"] <= 2 and summary["test_accuracy"] > 0.85, out

@@ -220,15 +220,15 @@ def train_epoch(run, reporter, stop):
 
 
 @torch.no_grad()
-def evaluate(run):
-    """(mean loss, accuracy) on the test set, each rank scoring its part."""
-    run.model.eval()
-    idx = data.eval_shard(run.ds.n_test, comm.rank(), comm.size())
+def evaluate(model, ds, device, precision="fp32"):
+    """(mean loss, accuracy) on the test set, each rank scoring its part (collective)."""
+    model.eval()
+    idx = data.eval_shard(ds.n_test, comm.rank(), comm.size())
     loss_sum = correct = 0.0
-    for x, y in run.ds.test_batches(idx):
-        x, y = x.to(run.device), y.to(run.device)
-        with autocast(run.cfg.precision, run.device):
-            logits = run.model(x).float()
+    for x, y in ds.test_batches(idx):
+        x, y = x.to(device), y.to(device)
+        with autocast(precision, device):
+            logits = model(x).float()
         loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
         correct += (logits.argmax(1) == y).sum().item()
     loss_sum, correct, n = global_sums(loss_sum, correct, len(idx))
@@ -245,7 +245,7 @@ def end_epoch(run, reporter):
     loss_sum, correct, seen, dt = global_sums(run.sums["loss"], run.sums["correct"],
                                               run.sums["seen"], run.sums["time"])
     dt /= comm.size()  # mean over ranks of the epoch's training time
-    test_loss, test_acc = evaluate(run)
+    test_loss, test_acc = evaluate(run.model, run.ds, run.device, run.cfg.precision)
     rec = dict(epoch=run.epoch, step=run.global_step, loss=loss_sum / seen,
                accuracy=correct / seen, test_loss=test_loss, test_accuracy=test_acc,
                lr=run.opt.param_groups[0]["lr"], samples_per_s=seen / dt, epoch_time_s=dt)
@@ -297,7 +297,7 @@ def train(cfg):
         reporter.close()
         stop.restore()
     if rec is None:  # resumed from a checkpoint of a finished run
-        test_loss, test_acc = evaluate(run)
+        test_loss, test_acc = evaluate(run.model, run.ds, run.device, run.cfg.precision)
         rec = dict(test_loss=test_loss, test_accuracy=test_acc)
     summary = summarize(run, rec, time.perf_counter() - t_start)
     reporter.finish(summary, run.model)
