@@ -158,3 +158,19 @@ def test_config_file_values_flags_win_and_unknown_keys_fail(tmp_path, monkeypatc
         yaml_file.write_text(text)
         assert cli_main.main(["train", "-n", "2", "--config", str(yaml_file)]) == 2
         assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- precision
+@pytest.mark.mpi
+def test_loss_scaler_skips_on_every_rank_when_one_overflows():
+    script = os.path.join(os.path.dirname(__file__), "mpi_scripts",
+                          "train_loss_scale_check.py")
+    r = run_mpi(2, [sys.executable, script], timeout=60, check=True)
+    assert r.stdout.count(" OK") == 2, r.stdout
+
+
+@pytest.mark.mpi
+def test_bf16_training_learns(tmp_path):
+    run_mpi(2, TRAIN + ["--epochs", "3", "--global-batch", "64", "--precision", "bf16",
+                        "--out", str(tmp_path)], timeout=180, check=True)
+    assert _summary(tmp_path)["test_accuracy"] > 0.85
