@@ -195,3 +195,19 @@ def test_ps_ssp_keeps_its_bound_and_learns(tmp_path):
                  "--global-batch", "60")[0]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["max_staleness"] <= 2 and summary["test_accuracy"] > 0.85, out
+
+
+@pytest.mark.mpi
+def test_trains_from_hdf5_shards_the_same_with_or_without_workers(tmp_path):
+    shards = tmp_path / "shards"
+    r = run_mpi(1, [sys.executable, "-m", "hpcdl", "data", "shard", "digits", "--out",
+                    str(shards), "--shards", "3", "--val-fraction", "0.2"], timeout=120)
+    assert r.returncode == 0, r.stdout
+    digests = []
+    for workers in ("0", "2"):
+        out = tmp_path / ("w" + workers)
+        _train(2, out, "--data", str(shards), "--workers", workers)
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["test_accuracy"] > 0.85, summary
+        digests.append(summary["params_sha256"])
+    assert digests[0] == digests[1]  # worker processes change who reads, not what
