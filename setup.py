@@ -17,6 +17,7 @@ if sys.version_info < (3, 10):
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE_SOURCES = ["error.c", "reduce.c", "ring.c", "shm.c", "hierarchical.c", "context.c",
@@ -119,6 +120,21 @@ class BuildCore(build_ext):
         return objs
 
 
+class BuildPy(build_py):
+    """Also copies the sbatch templates (slurm/*.sbatch, their one source) into
+    the package as hpcdl/slurm/templates, so `hpcdl slurm list` finds them in
+    an installed wheel; a checkout or editable install reads slurm/ itself.
+    A copy, not a symlink: links break in zips, on some file systems and in
+    checkouts without symlink support."""
+
+    def run(self):
+        build_py.run(self)
+        target = os.path.join(self.build_lib, "hpcdl", "slurm", "templates")
+        self.mkpath(target)
+        for src in sorted(glob.glob(os.path.join(HERE, "slurm", "*.sbatch"))):
+            self.copy_file(src, os.path.join(target, os.path.basename(src)))
+
+
 def mpi4py_include():
     try:
         import mpi4py
@@ -140,4 +156,4 @@ def core_extension():
 
 
 if __name__ == "__main__":  # pip's build backend runs setup.py as __main__ too
-    setup(ext_modules=[core_extension()], cmdclass={"build_ext": BuildCore})
+    setup(ext_modules=[core_extension()], cmdclass={"build_ext": BuildCore, "build_py": BuildPy})

@@ -133,11 +133,12 @@ def run(args):
         cfg = config_from_args(args)
     except ConfigError as e:
         raise UsageError(str(e))
-    from .run import inside_parallel_job, launch
-    if args.n is not None and not inside_parallel_job():
-        _check(cfg, args.n)  # fail once here rather than once per rank
+    from .run import default_ranks, inside_parallel_job, launch
+    n = default_ranks(args.n)  # no -n in an sbatch script: the allocation's tasks
+    if n is not None and not inside_parallel_job():
+        _check(cfg, n)  # fail once here rather than once per rank
         cmd = [sys.executable, "-m", "hpcdl", "train"] + forwarded_args(args)
-        return launch(args.n, cmd, args.hosts)
+        return launch(n, cmd, args.hosts)
     from .. import comm, train
     if args.n is not None and args.n != comm.size():
         comm.warn("-n %d ignored: this job has %d rank(s)" % (args.n, comm.size()))

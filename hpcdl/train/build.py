@@ -8,13 +8,18 @@ from .. import models
 
 def build_model(cfg, ds):
     """A freshly initialised model for ds's samples (seed torch first)."""
-    if cfg.model == "mlp":
-        return models.build("mlp", ds.num_features, ds.num_classes, hidden=cfg.hidden)
+    shape = tuple(ds.sample_shape)
+    if cfg.model == "mlp":  # images are flattened by the model itself
+        return models.build("mlp", shape if len(shape) > 1 else shape[0], ds.num_classes,
+                            hidden=cfg.hidden)
     if ds.image_shape is None:
         from .config import ConfigError
         raise ConfigError("--model %s takes images, but --data %s has flat samples; use "
                           "--model mlp or image data" % (cfg.model, cfg.data))
-    return models.build(cfg.model, ds.image_shape, ds.num_classes)
+    net = models.build(cfg.model, ds.image_shape, ds.num_classes)
+    if shape != tuple(ds.image_shape):  # flat rows (digits) seen as images
+        net = torch.nn.Sequential(torch.nn.Unflatten(1, ds.image_shape), net)
+    return net
 
 
 def peak_lr(cfg):

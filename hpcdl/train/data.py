@@ -32,6 +32,10 @@ class Dataset:
         return self.x_train[0].numel()
 
     @property
+    def sample_shape(self):
+        return tuple(self.x_train.shape[1:])
+
+    @property
     def n_train(self):
         return len(self.y_train)
 

@@ -32,7 +32,7 @@ class ShardSource:
                               "one size for training" % directory)
         self.workers = workers
         self.num_classes = self.train.num_classes
-        shape = tuple(self.train.sample_shape)
+        self.sample_shape = shape = tuple(self.train.sample_shape)
         self.image_shape = shape if len(shape) == 3 else None
         self.num_features = int(np.prod(shape))
         stats = self.train.feature_stats() if comm.rank() == 0 else None

@@ -53,12 +53,11 @@ class Run:
 # ---------------------------------------------------------------- setup
 def pick_device():
     """One GPU per local rank when there are GPUs, else the CPU."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(comm.local_rank() % torch.cuda.device_count())
-        return torch.device("cuda", torch.cuda.current_device())
-    # the node's cores are shared by its ranks: split torch's threads between them
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.local_size()))
-    return torch.device("cpu")
+    from ..utils.device import select_device
+    device = select_device()
+    if device.type == "cpu":  # the node's cores are shared by its ranks: split threads
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.local_size()))
+    return device
 
 
 def setup(cfg):
