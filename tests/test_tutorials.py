@@ -13,7 +13,7 @@ TUTORIALS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "tuto
 
 # rank counts each tutorial runs with in CI (default: 2 and 4); the
 # large-batch study trains four models and says "run it with 4 ranks"
-RANKS = {"05_large_batch.py": (4,)}
+RANKS = {"05_large_batch.py": (4,), "06_slurm.py": ()}  # 06: test_slurm_tutorial
 TIMEOUT = {"05_large_batch.py": 240}
 
 
@@ -55,3 +55,15 @@ def test_ring_tutorial_catches_a_broken_ring(tmp_path):
     broken.write_text(src)
     r = run_python(4, str(broken), timeout=90, check=False)
     assert r.returncode != 0 and "FAILED" in r.stdout and "elements differ" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+def test_slurm_tutorial_submits_a_real_job(slurm_cluster):
+    # one process, as on a login node; the suite's own Slurm runs the job
+    import subprocess
+    import sys
+    path = [p for p in TUTORIALS if os.path.basename(p) == "06_slurm.py"][0]
+    r = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=240,
+                       env=slurm_cluster.env)
+    assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout + r.stderr
+    assert "COMPLETED" in r.stdout and "step 4 skipped" not in r.stdout, r.stdout
