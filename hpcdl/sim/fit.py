@@ -1,0 +1,57 @@
+"""fit.py - least-squares fits of measured times to the cost model.
+
+Times span five orders of magnitude (1 us at 0 bytes, 10 ms at 64 MiB), so
+the fit minimises *relative* errors, sum(((model - t) / t)^2): a plain fit
+would let the largest sizes decide everything and return a meaningless,
+even negative, alpha. R^2 is reported on the times themselves (the usual
+1 - SS_res / SS_tot), together with each size's relative error.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Fit:
+    coef: tuple          # fitted coefficients, one per column
+    r2: float            # 1 - SS_res / SS_tot on the times
+    rel_errors: list     # (model - t) / t per point
+    model: list          # the fitted times per point
+
+    @property
+    def worst(self):
+        """Index of the point with the largest relative error."""
+        return int(np.argmax(np.abs(self.rel_errors)))
+
+
+def fit_columns(columns, times):
+    """Least squares with relative weights of times ~ sum_j coef_j * columns[j].
+    columns: list of per-point sequences (the model's terms). ValueError when
+    there are fewer positive times than coefficients."""
+    t = np.asarray(times, dtype=np.float64)
+    x = np.column_stack([np.asarray(c, dtype=np.float64) for c in columns])
+    if (t > 0).sum() < x.shape[1]:
+        raise ValueError("need at least %d positive times to fit %d coefficients (got %d)"
+                         % (x.shape[1], x.shape[1], int((t > 0).sum())))
+    keep = t > 0
+    coef, *_ = np.linalg.lstsq(x[keep] / t[keep, None], np.ones(keep.sum()), rcond=None)
+    model = x @ coef
+    ss_tot = float(((t - t.mean()) ** 2).sum())
+    r2 = 1.0 - float(((model - t) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+    rel = np.where(t > 0, (model - t) / np.where(t > 0, t, 1), 0.0)
+    return Fit(tuple(float(c) for c in coef), r2, rel.tolist(), model.tolist())
+
+
+def fit_alpha_beta(sizes, times):
+    """t = alpha + beta * m for one message of m bytes: Fit with coef (alpha, beta)."""
+    return fit_columns([np.ones(len(sizes)), sizes], times)
+
+
+def fit_ring(n, sizes, times):
+    """t = 2(N-1) alpha + 2((N-1)/N) m beta (a ring all-reduce of m bytes over
+    N ranks; the reduction's cost lands in beta): Fit with coef (alpha, beta)."""
+    if n < 2:
+        raise ValueError("a ring fit needs at least 2 ranks (got %d)" % n)
+    sizes = np.asarray(sizes, dtype=np.float64)
+    return fit_columns([np.full(len(sizes), 2.0 * (n - 1)), 2.0 * (n - 1) / n * sizes],
+                       times)
