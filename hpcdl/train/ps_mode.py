@@ -22,7 +22,7 @@ from . import build, checkpoint, data
 from .config import ConfigError
 from .report import Reporter, params_digest
 from .stop import StopRequest
-from .trainer import evaluate, global_sums, resume_path
+from .trainer import evaluate, global_sums, load_data, resume_path
 
 
 def setup(cfg):
@@ -31,12 +31,7 @@ def setup(cfg):
     cfg.check(comm.size())
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed)
-    ds = data.load(cfg.data, cfg.seed, cfg.test_fraction, workers=cfg.workers,
-                   stage_to=cfg.stage_to)
-    steps = data.steps_per_epoch(ds.n_train, cfg.global_batch)
-    if steps < 1:
-        raise ConfigError("global batch %d is larger than the %d training samples; pick a "
-                          "smaller --global-batch" % (cfg.global_batch, ds.n_train))
+    ds, steps = load_data(cfg)
     model = build.build_model(cfg, ds)
     try:
         ps = PSTrainer(model, mode=cfg.mode[3:], staleness=cfg.staleness if

@@ -68,12 +68,7 @@ def setup(cfg):
     cfg.check(comm.size())
     device = pick_device()
     torch.manual_seed(cfg.seed)
-    ds = data.load(cfg.data, cfg.seed, cfg.test_fraction, workers=cfg.workers,
-                   stage_to=cfg.stage_to)
-    steps = data.steps_per_epoch(ds.n_train, cfg.global_batch)
-    if steps < 1:
-        raise ConfigError("global batch %d is larger than the %d training samples; pick a "
-                          "smaller --global-batch" % (cfg.global_batch, ds.n_train))
+    ds, steps = load_data(cfg)
     model = build.build_model(cfg, ds).to(device)
     local = build.build_optimizer(cfg, model)
     compression = build.build_compression(cfg.compression)
@@ -90,6 +85,17 @@ def setup(cfg):
     else:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     return run
+
+
+def load_data(cfg):
+    """(data source, steps per epoch); ConfigError if not one global batch fits."""
+    ds = data.load(cfg.data, cfg.seed, cfg.test_fraction, workers=cfg.workers,
+                   stage_to=cfg.stage_to)
+    steps = data.steps_per_epoch(ds.n_train, cfg.global_batch)
+    if steps < 1:
+        raise ConfigError("global batch %d is larger than the %d training samples; pick a "
+                          "smaller --global-batch" % (cfg.global_batch, ds.n_train))
+    return ds, steps
 
 
 def resume_path(cfg):
