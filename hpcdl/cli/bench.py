@@ -11,13 +11,13 @@ import sys
 from .main import UsageError
 from .run import add_launch_args
 
-EXTRA_BENCHMARKS = []  # e.g. "data" -> hpcdl/cli/bench_data.py with register(sub)
+EXTRA_BENCHMARKS = ["calibrate", "data"]  # hpcdl/cli/bench_<name>.py with register(sub)
 DEFAULT_ALGORITHMS = "ring,hier,auto,mpi,mpi4py,gloo"
 
 
 def register(subparsers):
     p = subparsers.add_parser(
-        "bench", help="benchmarks (allreduce, train)",
+        "bench", help="benchmarks (allreduce, train, calibrate, data)",
         description="Benchmarks that print nccl-tests-shaped tables and check "
                     "correctness in the same run.")
     sub = p.add_subparsers(dest="benchmark", metavar="BENCHMARK")
