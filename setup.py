@@ -21,7 +21,7 @@ from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE_SOURCES = ["error.c", "reduce.c", "ring.c", "shm.c", "hierarchical.c", "context.c",
-                "engine.c", "stall.c", "cuda_support.c", "python/core_module.c"]
+                "engine.c", "stall.c", "cuda_support.c", "shared.c", "python/core_module.c"]
 
 
 def say(msg):

@@ -49,15 +49,25 @@ typedef struct {
     hpcdl_shm *shm;     // node shared-memory segment; NULL when local_size == 1
     size_t chunk_bytes; // ring pipelining chunk
     int polite;         // 1: waits test-and-sleep instead of spinning (engine thread)
+    const int *urgent;  // polite teams: > 0 while a caller thread blocks in hpcdl_wait
+    double t_agreed;    // MPI_Wtime when the last collective's agreement check ended
 } hpcdl_team;
 
 // MPI_Wait, or for a polite team MPI_Test with short sleeps: the engine thread
 // waiting for a slower rank must not take the core from this rank's own
-// compute (backward) running beside it. Returns an MPI error code.
+// compute (backward) running beside it. While the caller's thread is blocked
+// on the engine (hpcdl_team_urgent), its core is free and sleeping would only
+// add latency, so the wait spins (yielding now and then). Returns an MPI error
+// code.
 int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req);
+
+static inline int hpcdl_team_urgent(const hpcdl_team *t) {
+    return t->urgent && __atomic_load_n(t->urgent, __ATOMIC_RELAXED) > 0;
+}
 
 typedef struct hpcdl_engine hpcdl_engine;
 typedef struct hpcdl_stall hpcdl_stall;
+typedef struct hpcdl_shared_buf hpcdl_shared_buf;
 
 struct hpcdl_ctx {
     hpcdl_team main;          // used by blocking calls on the caller's thread
@@ -66,10 +76,21 @@ struct hpcdl_ctx {
     int thread_multiple;      // MPI granted MPI_THREAD_MULTIPLE
     pthread_mutex_t mpi_lock; // serialises MPI between threads when it did not
     hpcdl_engine *engine;
+    int waiters;              // caller threads blocked in hpcdl_wait (eng.urgent)
+    hpcdl_shared_buf **shared; // buffers from hpcdl_shared_alloc (shared.c)
+    int nshared, cap_shared;
     hpcdl_stall *stall;       // the stall inspector's heartbeat; NULL when off
 };
 
 int hpcdl_stall_start(hpcdl_ctx *ctx, MPI_Comm comm);
+
+// shared.c: node shared-memory buffers all-reduced in place without copies
+int hpcdl_shared_alloc_locked(hpcdl_ctx *ctx, size_t bytes, void **out);
+const hpcdl_shared_buf *hpcdl_shared_find(const hpcdl_ctx *ctx, const hpcdl_team *t,
+                                          const void *ptr, size_t bytes);
+int64_t hpcdl_shared_id(const hpcdl_shared_buf *b); // -1 for NULL
+int hpcdl_shared_allreduce(hpcdl_team *t, const hpcdl_shared_buf *b, size_t count,
+                           hpcdl_dtype dtype, hpcdl_op op);
 void hpcdl_stall_stop(hpcdl_ctx *ctx);
 
 // ----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
  * shared memory, engine) and the blocking collectives: argument checks, the
  * cross-rank agreement check, then the chosen algorithm.
  */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -61,6 +62,11 @@ int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req) {
         int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS || done) return rc;
         if (spins < 64) continue; // a message due any moment: keep testing
+        if (hpcdl_team_urgent(t)) { // the caller waits for us: its core is ours
+            if ((spins & 63) == 0) sched_yield(); // still let other work on it run
+            sleep_ns = 2000;
+            continue;
+        }
         // back off exponentially to 0.5 ms: a long wait (a peer still in its
         // backward pass) must not wake this core thousands of times a second
         struct timespec ts = {0, sleep_ns};
@@ -85,6 +91,7 @@ int hpcdl_ctx_create(MPI_Comm comm, int local_size, hpcdl_ctx **out) {
     if (rc == HPCDL_OK) rc = hpcdl_team_create(&ctx->eng, comm, local_size);
     const char *polite = getenv("HPCDL_ENGINE_POLITE");
     ctx->eng.polite = !(polite && !strcmp(polite, "0"));
+    ctx->eng.urgent = &ctx->waiters;
     if (rc == HPCDL_OK) rc = hpcdl_engine_start(ctx);
     if (rc == HPCDL_OK) rc = hpcdl_stall_start(ctx, comm);
     if (rc != HPCDL_OK) {
@@ -339,12 +346,23 @@ hpcdl_algo hpcdl_choose_algo(const hpcdl_ctx *ctx, size_t bytes) {
 int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *recv,
                              size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo,
                              hpcdl_algo *used) {
-    if (ctx->check) {
-        static const char *const names[] = {"valid", "count", "dtype", "op", "algorithm"};
-        int64_t sig[] = {1, (int64_t)count, dtype, op, algo};
-        HPCDL_TRY(hpcdl_check_agree(t, "allreduce", sig, 5, names));
-    }
     size_t bytes = count * hpcdl_dtype_size(dtype);
+    // an in-place all-reduce of a whole shared buffer skips the staging copies
+    const hpcdl_shared_buf *shared = NULL;
+    if (send == recv && (algo == HPCDL_ALGO_AUTO || algo == HPCDL_ALGO_HIER) &&
+        t->local_size > 1 && t->uniform)
+        shared = hpcdl_shared_find(ctx, t, recv, bytes);
+    if (ctx->check) {
+        static const char *const names[] = {"valid", "count", "dtype", "op", "algorithm",
+                                            "shared buffer (-1: none)"};
+        int64_t sig[] = {1, (int64_t)count, dtype, op, algo, hpcdl_shared_id(shared)};
+        HPCDL_TRY(hpcdl_check_agree(t, "allreduce", sig, 6, names));
+    }
+    t->t_agreed = MPI_Wtime();
+    if (shared) {
+        if (used) *used = HPCDL_USED_SHARED;
+        return hpcdl_shared_allreduce(t, shared, count, dtype, op);
+    }
     if (algo == HPCDL_ALGO_AUTO) algo = choose(t, bytes);
     // hier needs shared memory and equal nodes; without them it is the ring
     if (algo == HPCDL_ALGO_HIER && (t->local_size == 1 || !t->uniform)) algo = HPCDL_ALGO_RING;
@@ -381,6 +399,10 @@ int hpcdl_check_enums(const char *what, hpcdl_dtype d, hpcdl_op op, hpcdl_algo a
         if (!(ctx)->thread_multiple) pthread_mutex_unlock(&(ctx)->mpi_lock);   \
         rc_;                                                                   \
     })
+
+int hpcdl_shared_alloc(hpcdl_ctx *ctx, size_t bytes, void **ptr) {
+    return LOCKED(ctx, hpcdl_shared_alloc_locked(ctx, bytes, ptr));
+}
 
 int hpcdl_allreduce(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
                     hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
@@ -492,9 +514,9 @@ int hpcdl_broadcast(hpcdl_ctx *ctx, void *buf, size_t count, hpcdl_dtype dtype, 
 // A rank whose buffer failed validation joins the agreement check with
 // valid = 0, so every other rank fails too instead of waiting for it.
 int hpcdl_check_invalid(const hpcdl_team *t, const char *what, int nsig) {
-    static const char *const names[] = {"valid", "x", "x", "x", "x"};
-    int64_t sig[5] = {0, 0, 0, 0, 0};
-    if (nsig < 1 || nsig > 5) nsig = 5;
+    static const char *const names[] = {"valid", "x", "x", "x", "x", "x"};
+    int64_t sig[6] = {0, 0, 0, 0, 0, 0};
+    if (nsig < 1 || nsig > 6) nsig = 5;
     return hpcdl_check_agree(t, what, sig, nsig, names);
 }
 

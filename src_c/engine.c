@@ -41,7 +41,7 @@ typedef struct work {
     int done, status;
     int used_algo;
     char err[1024];
-    double t_submit, t_start, t_end;
+    double t_submit, t_start, t_agreed, t_end;
     struct work *qnext;   // pending queue
     struct work *anext;   // every item not yet released by hpcdl_wait
 } work;
@@ -65,10 +65,13 @@ struct hpcdl_engine {
 // ----------------------------------------------------------------------------
 // running one item (engine thread, or caller's thread when not threaded)
 
+// fields of each kind's agreement-check signature (context.c)
+static int sig_fields(work_kind k) { return k == W_ALLGATHERV ? 4 : k == W_ALLREDUCE ? 6 : 5; }
+
 static int dispatch(hpcdl_ctx *ctx, work *w, hpcdl_algo *used) {
     hpcdl_team *t = &ctx->eng;
     if (!w->valid) // join the agreement check as the rank with a bad buffer
-        return hpcdl_check_invalid(t, kind_names[w->kind], w->kind == W_ALLGATHERV ? 4 : 5);
+        return hpcdl_check_invalid(t, kind_names[w->kind], sig_fields(w->kind));
     switch (w->kind) {
     case W_ALLREDUCE:
         return hpcdl_dispatch_allreduce(ctx, t, w->send, w->recv, w->count, w->dtype, w->op,
@@ -88,7 +91,9 @@ static void run_work(hpcdl_ctx *ctx, work *w) {
     w->t_start = MPI_Wtime();
     if (!ctx->thread_multiple) pthread_mutex_lock(&ctx->mpi_lock);
     hpcdl_algo used = w->algo;
+    ctx->eng.t_agreed = 0;
     w->status = dispatch(ctx, w, &used);
+    w->t_agreed = ctx->eng.t_agreed > 0 ? ctx->eng.t_agreed : w->t_start;
     if (!ctx->thread_multiple) pthread_mutex_unlock(&ctx->mpi_lock);
     w->t_end = MPI_Wtime();
     w->used_algo = used;
@@ -106,6 +111,7 @@ static void record(hpcdl_engine *e, const work *w) {
     r->algo = w->used_algo;
     r->t_submit = w->t_submit;
     r->t_start = w->t_start;
+    r->t_agreed = w->t_agreed;
     r->t_end = w->t_end;
     r->status = w->status;
 }
@@ -352,7 +358,13 @@ int hpcdl_wait(hpcdl_ctx *ctx, hpcdl_handle h, char *errbuf, size_t errlen) {
         return hpcdl_fail(HPCDL_ERR_STATE, "wait: unknown handle %lld (already waited for?)",
                           (long long)h);
     }
-    while (!w->done) pthread_cond_wait(&e->cv_done, &e->mu);
+    if (!w->done) {
+        // tells the engine's waits that this thread's core is free (see
+        // hpcdl_team_urgent): from here on it spins instead of sleeping
+        __atomic_add_fetch(&ctx->waiters, 1, __ATOMIC_RELAXED);
+        while (!w->done) pthread_cond_wait(&e->cv_done, &e->mu);
+        __atomic_sub_fetch(&ctx->waiters, 1, __ATOMIC_RELAXED);
+    }
     *link = w->anext;
     pthread_mutex_unlock(&e->mu);
     int status = w->status;

@@ -128,7 +128,8 @@ int hpcdl_shm_barrier(hpcdl_team *t) {
                 cpu_relax();
                 continue;
             }
-            if (t->polite && spins > 1000) { // the engine, waiting long: leave the core
+            if (t->polite && spins > 1000 && !hpcdl_team_urgent(t)) {
+                // the engine, waiting long while this rank computes: leave the core
                 struct timespec ts = {0, 20000};
                 nanosleep(&ts, NULL);
             } else {

@@ -84,9 +84,16 @@ def test_two_rank_run(tmp_path):
 def test_bench_train_runs_and_checks_parameters(tmp_path):
     out = tmp_path / "train.json"
     r = run_mpi(2, [sys.executable, "-m", "hpcdl", "bench", "train", "--steps", "2",
-                    "--warmup", "1", "--batch", "8", "--json", str(out)], timeout=90)
+                    "--warmup", "1", "--batch", "8", "--repeats", "2", "--json", str(out)],
+                timeout=120)
     assert r.returncode == 0, r.stdout
-    for word in ("hpcdl", "ddp-gloo", "no-comm", "hpcdl / DDP samples/s", "OK"):
+    for word in ("hpcdl", "ddp-gloo", "no-comm", "hpcdl / DDP samples/s", "OK",
+                 "repeat 2/2"):
         assert word in r.stdout, r.stdout
     data = json.loads(out.read_text())
     assert data["params"] > 10_000_000 and data["max_param_diff"] < 1e-4
+    assert len(data["repeats"]) == 2 and len(data["ratios"]) == 2
+    row = data["rows"][0]
+    assert row["impl"] == "hpcdl" and row["min"] <= row["samples_per_s"] <= row["max"]
+    # shares of time: in [0, 1], and the job's backward window contains this rank's
+    assert 0 <= row["hidden"] <= row["hidden_job"] + 1e-9 <= 1 + 1e-9, row

@@ -84,6 +84,16 @@ def test_collectives_virtual_nodes_hier(part):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("n,local", [(2, None), (3, None), (4, "2")])
+def test_shared_buffers_allreduce_in_place(n, local):
+    # zero-copy path for buffers in node shared memory (fusion buckets), against
+    # MPI_Allreduce; 4 ranks as 2 virtual nodes x 2 adds the cross-node ring
+    env = {"HPCDL_LOCAL_SIZE": local} if local else None
+    r = run_python(n, os.path.join(SCRIPTS, "shared_buffer_check.py"), env=env, timeout=90)
+    assert "FAILED 0" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 4])
 def test_errors_raise_on_every_rank(n):
     r = run_python(n, os.path.join(SCRIPTS, "errors_check.py"), timeout=60)

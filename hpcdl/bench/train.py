@@ -6,7 +6,10 @@ run on the same ranks.
 
 Prints samples/s of each, their ratio, and for hpcdl the fraction of
 communication time hidden behind backward (from its timeline: the part of
-each bucket's all-reduce that ran before backward returned). Both runs start
+each bucket's communicate phase that ran while this rank's backward ran, and
+the part that ran before the slowest rank's backward returned). With
+--repeats R every implementation runs R times, interleaved in rotating order,
+and the medians and ranges are reported. Both runs start
 from the same parameters and see the same batches, so they must end with the
 same parameters; the difference is checked and reported (#wrong = 0 or not).
 """
@@ -33,6 +36,7 @@ class Options:
     batch: int = 32          # samples per rank per step
     lr: float = 0.01
     threads: int = 0         # torch threads per rank; 0 = cores / local ranks
+    repeats: int = 1         # each implementation this many times, interleaved
     json: str = None
 
 
@@ -121,22 +125,109 @@ def run_ddp(opts, data):
 # ----------------------------------------------------------------------------
 # analysis
 
-def hidden_fraction(tl, windows):
-    """Share of all-reduce time that overlapped backward (summed over steps)."""
+def comm_spans(tl):
+    """(start, end) MPI_Wtime of every bucket's communicate phase: data moving
+    with every rank present (the negotiate phase before it, waiting for a
+    slower rank to finish its backward, is not communication)."""
     if tl is None:
-        return float("nan")
-    comm_spans = [(e["ts"] / 1e6 + tl.t0, (e["ts"] + e["dur"]) / 1e6 + tl.t0)
-                  for e in tl.events if e.get("name") == "communicate"]
-    total = sum(b - a for a, b in comm_spans)
-    hidden = 0.0
-    for a, b in comm_spans:
-        for w0, w1 in windows:
-            hidden += max(0.0, min(b, w1) - max(a, w0))
+        return []
+    return [(e["ts"] / 1e6 + tl.t0, (e["ts"] + e["dur"]) / 1e6 + tl.t0)
+            for e in tl.events if e.get("name") == "communicate"]
+
+
+def overlap_share(spans, windows):
+    """Share of the spans' total time that falls inside the windows."""
+    total = sum(b - a for a, b in spans)
+    hidden = sum(max(0.0, min(b, w1) - max(a, w0)) for a, b in spans for w0, w1 in windows)
     return hidden / total if total > 0 else float("nan")
+
+
+def clock_offset(mpi):
+    """This rank's MPI_Wtime minus rank 0's, from the exit of one barrier
+    (a few microseconds of error on one node; spans here are milliseconds)."""
+    mpi.Barrier()
+    t = MPI.Wtime()
+    return t - mpi.bcast(t, root=0)
+
+
+def hidden_fractions(tl, windows, mpi):
+    """(own, job): the share of hpcdl's communication that overlapped this
+    rank's own backward pass, and the share that overlapped the job's backward
+    (from the first rank entering to the last rank leaving it, step by step):
+    communication that ends while any rank still computes its backward does not
+    lengthen the step. Both averaged over ranks."""
+    spans = comm_spans(tl)
+    off = clock_offset(mpi)
+    mine = [(a - off, b - off) for a, b in windows]
+    every = mpi.allgather(mine)
+    job = [(min(r[k][0] for r in every), max(r[k][1] for r in every))
+           for k in range(len(mine))]
+    own = overlap_share(spans, windows)
+    glob = overlap_share([(a - off, b - off) for a, b in spans], job)
+    return mpi.allreduce(own) / mpi.size, mpi.allreduce(glob) / mpi.size
 
 
 def max_param_diff(m1, m2):
     return max((p - q).abs().max().item() for p, q in zip(m1.parameters(), m2.parameters()))
+
+
+IMPLS = ("hpcdl", "ddp-gloo", "no-comm")
+
+
+def one_repeat(opts, data, order, gloo_ok):
+    """Runs each implementation once, in the given order; {impl: row}."""
+    out, models_ = {}, {}
+    mpi = comm.world().mpi
+    for impl in order:
+        if impl == "hpcdl":
+            t, models_[impl], windows, tl = run_hpcdl(opts, data)
+            hidden, hidden_job = hidden_fractions(tl, windows, mpi)
+        elif impl == "ddp-gloo":
+            if not gloo_ok:
+                continue
+            t, models_[impl] = run_ddp(opts, data)
+            hidden = hidden_job = None
+        else:
+            t, _ = run_local(opts, data)
+            hidden = hidden_job = None
+        t = mpi.allreduce(t, op=MPI.MAX)  # the slowest rank sets the pace
+        out[impl] = dict(seconds=t, samples_per_s=opts.steps * opts.batch * mpi.size / t,
+                         hidden=hidden, hidden_job=hidden_job)
+    diff = None
+    if gloo_ok:
+        diff = mpi.allreduce(max_param_diff(models_["hpcdl"], models_["ddp-gloo"]),
+                             op=MPI.MAX)
+    return out, diff
+
+
+def summarize(reps):
+    """Medians over repeats; the hpcdl/DDP ratio is taken within each repeat
+    (the same minutes of machine noise) and then its median and range."""
+    import statistics as st
+    rows = []
+    for impl in IMPLS:
+        got = [r[impl] for r in reps if impl in r]
+        if not got:
+            continue
+        rate = [g["samples_per_s"] for g in got]
+        hid = [g["hidden"] for g in got if g["hidden"] is not None]
+        job = [g["hidden_job"] for g in got if g["hidden_job"] is not None]
+        rows.append(dict(impl=impl, samples_per_s=st.median(rate), min=min(rate),
+                         max=max(rate), seconds=st.median(g["seconds"] for g in got),
+                         hidden=st.median(hid) if hid else None,
+                         hidden_job=st.median(job) if job else None,
+                         hidden_range=(min(hid), max(hid)) if hid else None,
+                         hidden_job_range=(min(job), max(job)) if job else None))
+    ratios = [r["hpcdl"]["samples_per_s"] / r["ddp-gloo"]["samples_per_s"]
+              for r in reps if "ddp-gloo" in r]
+    return rows, ratios
+
+
+def _pct(value, rng, repeats):
+    if value is None:
+        return "-"
+    text = "%.0f%%" % (100 * value)
+    return text + (" (%.0f..%.0f%%)" % tuple(100 * v for v in rng) if repeats > 1 else "")
 
 
 def run(opts):
@@ -153,40 +244,46 @@ def run(opts):
     say("#  ranks %d | hosts %d | MPI: %s | cores %s | torch threads per rank %d"
         % (world.size, len(job["hosts"]), job["mpi_library"], job["cores"], threads))
     say("#  model %s (%.1f M parameters) | batch %d per rank (%d global) | %d steps after "
-        "%d warm-up | SGD lr %g" % (opts.model, nparams / 1e6, opts.batch,
-                                    opts.batch * world.size, opts.steps, opts.warmup, opts.lr))
-    t_l, _ = run_local(opts, data)
-    t_l = mpi.allreduce(t_l, op=MPI.MAX)
-    t_h, m_h, windows, tl = run_hpcdl(opts, data)
-    hidden = hidden_fraction(tl, windows)
-    hidden = mpi.allreduce(hidden) / world.size
-    t_h = mpi.allreduce(t_h, op=MPI.MAX)
-    per_s = lambda t: opts.steps * opts.batch * world.size / t
-    rows = [dict(impl="hpcdl", seconds=t_h, samples_per_s=per_s(t_h), hidden=hidden)]
-    if err is None:
-        t_d, m_d = run_ddp(opts, data)
-        t_d = mpi.allreduce(t_d, op=MPI.MAX)
-        rows.append(dict(impl="ddp-gloo", seconds=t_d, samples_per_s=per_s(t_d), hidden=None))
-        diff = mpi.allreduce(max_param_diff(m_h, m_d), op=MPI.MAX)
-    else:
+        "%d warm-up | SGD lr %g | %d repeat(s), order rotated each repeat"
+        % (opts.model, nparams / 1e6, opts.batch, opts.batch * world.size, opts.steps,
+           opts.warmup, opts.lr, opts.repeats))
+    if err is not None:
         say("# gloo unavailable: %s" % err)
-        diff = None
-    rows.append(dict(impl="no-comm", seconds=t_l, samples_per_s=per_s(t_l), hidden=None))
-    say("#\n#     impl   samples/s   step(ms)   comm hidden behind backward")
+    reps, diffs = [], []
+    for k in range(opts.repeats):
+        order = IMPLS[k % 3:] + IMPLS[:k % 3]  # no implementation always first
+        rep, diff = one_repeat(opts, data, order, err is None)
+        reps.append(rep)
+        diffs.append(diff)
+        if opts.repeats > 1:
+            say("#  repeat %d/%d: %s" % (k + 1, opts.repeats, "  ".join(
+                "%s %.1f/s" % (i, rep[i]["samples_per_s"]) for i in IMPLS if i in rep)))
+    rows, ratios = summarize(reps)
+    say("#\n#     impl   samples/s   step(ms)   min..max samples/s   comm hidden behind "
+        "backward: own rank's | job's")
     for r in rows:
-        say("%10s %11.1f %10.1f   %s" % (r["impl"], r["samples_per_s"],
-                                         1e3 * r["seconds"] / opts.steps,
-                                         "-" if r["hidden"] is None else "%.0f%%" % (100 * r["hidden"])))
-    ratio = rows[0]["samples_per_s"] / rows[1]["samples_per_s"] if err is None else None
+        say("%10s %11.1f %10.1f   %8.1f..%-8.1f   %s | %s"
+            % (r["impl"], r["samples_per_s"], 1e3 * r["seconds"] / opts.steps, r["min"],
+               r["max"], _pct(r["hidden"], r["hidden_range"], opts.repeats),
+               _pct(r["hidden_job"], r["hidden_job_range"], opts.repeats)))
+    say("#  comm = each bucket's communicate phase (all ranks present); own rank's = "
+        "inside this rank's backward; job's = before the slowest rank's backward ended")
+    ratio = None
+    if ratios:
+        import statistics as st
+        ratio = st.median(ratios)
+        say("# hpcdl / DDP samples/s: %.2fx median of %d repeat(s) (range %.2f..%.2fx; "
+            "no-comm is the compute-only floor: every rank training alone)"
+            % (ratio, len(ratios), min(ratios), max(ratios)))
+    diff = max(diffs) if err is None else None
     wrong = diff is not None and diff > 1e-4
-    if ratio is not None:
-        say("# hpcdl / DDP samples/s: %.2fx   (no-comm is the compute-only floor: every "
-            "rank training alone)" % ratio)
+    if diff is not None:
         say("# parameters after both runs differ by at most %.2g: %s"
             % (diff, "FAILED" if wrong else "OK"))
     if opts.json and world.rank == 0:
         with open(opts.json, "w") as f:
             json.dump({"ranks": world.size, "model": opts.model, "params": nparams,
-                       "batch_per_rank": opts.batch, "rows": rows, "ratio": ratio,
+                       "batch_per_rank": opts.batch, "threads": threads, "rows": rows,
+                       "repeats": reps, "ratio": ratio, "ratios": ratios,
                        "max_param_diff": diff}, f, indent=1)
     return 1 if wrong else 0

@@ -126,12 +126,16 @@ def _register_train(sub):
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads per rank (default: cores / ranks on the node)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="run every implementation this many times, interleaved, and "
+                        "report medians and the range (default 3): one run on a shared "
+                        "machine is not a measurement")
     p.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     p.set_defaults(func=run_train)
 
 
 def run_train(args):
-    for name in ("steps", "batch"):
+    for name in ("steps", "batch", "repeats"):
         if getattr(args, name) < 1:
             raise UsageError("--%s must be at least 1" % name)
     if args.warmup < 1:
@@ -142,12 +146,14 @@ def run_train(args):
     if args.n is not None and not launcher.inside_parallel_job():
         argv = [sys.executable, "-m", "hpcdl", "bench", "train", "--model", args.model,
                 "--steps", str(args.steps), "--warmup", str(args.warmup),
-                "--batch", str(args.batch), "--threads", str(args.threads)]
+                "--batch", str(args.batch), "--threads", str(args.threads),
+                "--repeats", str(args.repeats)]
         argv += ["--json", args.json] if args.json else []
         return launcher.launch(args.n, argv, hosts=args.hosts)
     from ..bench import train
     opts = train.Options(model=args.model, steps=args.steps, warmup=args.warmup,
-                         batch=args.batch, threads=args.threads, json=args.json)
+                         batch=args.batch, threads=args.threads, repeats=args.repeats,
+                         json=args.json)
     return _abort_on_error(train.run, opts)
 
 

@@ -16,6 +16,9 @@ from .. import _core
 
 from numpy import ndarray as _ndarray
 
+# fields of each collective's agreement-check signature (src_c/context.c)
+SIG_FIELDS = {"allgather": 4, "allreduce": 6}
+
 MismatchError = _core.MismatchError
 CoreError = _core.CoreError
 
@@ -106,7 +109,7 @@ class Communicator:
     def _run(self, call, what, prep, async_name=None):
         """Blocking (async_name None) or queued run of one prepared collective."""
         if async_name is None:
-            with self._validating(what, 4 if what == "allgather" else 5):
+            with self._validating(what, SIG_FIELDS.get(what, 5)):
                 args, result, keep = prep()
             getattr(self._ctx, call)(*args)
             return result
@@ -236,10 +239,26 @@ class Communicator:
             raise ValueError("broadcast: root %d is not a rank (0..%d)" % (root, self.size - 1))
         return (b.ptr, b.count, DTYPES[b.dtype], int(root), a), b.obj, b.obj
 
+    def shared_buffer(self, nbytes):
+        """Collective over the ranks of each node: a zeroed, writable memoryview
+        of nbytes in the node's shared memory, or None where that cannot help
+        (one rank per node, or nodes with different rank counts). An in-place
+        all-reduce (algorithm auto or hier) of exactly such a buffer runs with
+        no staging copies: each local rank reduces its share straight from the
+        others' buffers and writes the result into them. Lives until exit."""
+        if self.local_size < 2:
+            return None
+        try:
+            return self._ctx.shared_alloc(int(nbytes))
+        except _core.CoreError as e:
+            if "shared buffers need" in str(e):
+                return None  # the same answer on every rank: nodes differ in size
+            raise
+
     def timeline(self):
         """Drains the engine's records: dicts with name, bytes, algorithm, times."""
-        keys = ("handle", "name", "bytes", "algorithm", "t_submit", "t_start", "t_end",
-                "status")
+        keys = ("handle", "name", "bytes", "algorithm", "t_submit", "t_start", "t_agreed",
+                "t_end", "status")
         return [dict(zip(keys, rec)) for rec in self._ctx.timeline_drain()]
 
     # ---------------------------------------------------------------- helpers

@@ -35,6 +35,18 @@ def fusion_threshold():
     return int(os.environ.get("HPCDL_FUSION_THRESHOLD", str(25 << 20)))
 
 
+def _bucket_buffer(numel, dtype, device):
+    """A bucket's flat buffer. On the CPU, in the node's shared memory when
+    the node has several ranks (HPCDL_SHARED_BUCKETS=0 turns this off): the
+    engine then all-reduces it in place without staging copies (src_c/shared.c).
+    Collective over each node: every rank builds the same buckets in order."""
+    if device.type == "cpu" and numel > 0 and os.environ.get("HPCDL_SHARED_BUCKETS", "1") != "0":
+        view = comm.world().shared_buffer(numel * torch.empty((), dtype=dtype).element_size())
+        if view is not None:
+            return torch.frombuffer(view, dtype=dtype, count=numel)
+    return torch.zeros(numel, dtype=dtype, device=device)
+
+
 class _Bucket:
     """Parameters fused into one flat buffer and one all-reduce."""
 
@@ -42,7 +54,7 @@ class _Bucket:
         self.index, self.params, self.names = index, params, names
         dtype, device = params[0].dtype, params[0].device
         self.numel = sum(p.numel() for p in params)
-        self.buffer = torch.zeros(self.numel, dtype=dtype, device=device)
+        self.buffer = _bucket_buffer(self.numel, dtype, device)
         self.views, offset = [], 0
         for p in params:
             self.views.append(self.buffer[offset:offset + p.numel()].view_as(p))

@@ -1,6 +1,8 @@
 """timeline.py - a Chrome trace (chrome://tracing, ui.perfetto.dev) of what the
 ranks did: per fusion bucket its pack, queue, communicate and unpack phases
-beside the backward pass, and every other asynchronous collective.
+beside the backward pass, and every other asynchronous collective. Each
+collective's engine time is split into negotiate (waiting for the slowest
+rank to submit it) and communicate (moving data once all have).
 
     HPCDL_TIMELINE=trace.json python train.py    # from the first optimizer step
     hvd.start_timeline("trace.json"); ...; hvd.stop_timeline()
@@ -44,11 +46,17 @@ class Timeline:
                             "dur": (t_end - t_begin) * 1e6, "args": args})
 
     def add_engine_records(self, records):
-        """Records from Communicator.timeline(): queue and communicate phases."""
+        """Records from Communicator.timeline(): queue (submitted, engine busy
+        with earlier work), negotiate (engine waiting for the other ranks to
+        arrive, as Horovod's NEGOTIATE_ALLREDUCE) and communicate (data moving,
+        every rank present) phases."""
         for r in records:
             row = r["name"]
+            agreed = r.get("t_agreed", r["t_start"])
             self.span(row, "queue", r["t_submit"], r["t_start"])
-            self.span(row, "communicate", r["t_start"], r["t_end"], bytes=r["bytes"],
+            if agreed > r["t_start"]:
+                self.span(row, "negotiate", r["t_start"], agreed)
+            self.span(row, "communicate", agreed, r["t_end"], bytes=r["bytes"],
                       algorithm=r["algorithm"])
 
     def write(self, path=None, events=None):

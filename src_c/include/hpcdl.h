@@ -68,6 +68,8 @@ typedef enum {
     HPCDL_ALGO_MPI = 3,  // the MPI library's own collective (for comparison)
     HPCDL_NUM_ALGOS = 4
 } hpcdl_algo;
+// Reported in timeline records when hier ran on a shared buffer (zero-copy).
+#define HPCDL_USED_SHARED ((hpcdl_algo)HPCDL_NUM_ALGOS)
 
 typedef enum {
     HPCDL_OK = 0,
@@ -154,6 +156,13 @@ int hpcdl_poll(hpcdl_ctx *ctx, hpcdl_handle h);
 // into errbuf (may be NULL). The handle is released.
 int hpcdl_wait(hpcdl_ctx *ctx, hpcdl_handle h, char *errbuf, size_t errlen);
 
+// A buffer of `bytes` in the node's shared memory (collective over the ranks
+// of each node; needs >= 2 ranks per node, the same number on every node).
+// An in-place all-reduce of exactly this buffer, with algorithm auto or
+// hier, reads and writes the other local ranks' buffers directly instead of
+// staging copies. Freed at MPI_Finalize, never before.
+int hpcdl_shared_alloc(hpcdl_ctx *ctx, size_t bytes, void **ptr);
+
 // One record per finished asynchronous operation, oldest first.
 typedef struct {
     hpcdl_handle handle;
@@ -162,6 +171,7 @@ typedef struct {
     int algo;            // hpcdl_algo actually used
     double t_submit;     // MPI_Wtime() seconds
     double t_start;
+    double t_agreed;     // every rank had arrived (agreement check done); = t_start without it
     double t_end;
     int status;
 } hpcdl_timeline_rec;

@@ -359,10 +359,10 @@ static PyObject *Context_timeline_drain(ContextObject *self, PyObject *noargs) {
     while (out && (n = hpcdl_timeline_drain(c, recs, 256)) > 0) {
         for (size_t i = 0; i < n; i++) {
             hpcdl_timeline_rec *r = &recs[i];
-            PyObject *t = Py_BuildValue("(LsKsdddi)", (long long)r->handle, r->name,
+            PyObject *t = Py_BuildValue("(LsKsddddi)", (long long)r->handle, r->name,
                                         (unsigned long long)r->bytes,
                                         hpcdl_algo_name((hpcdl_algo)r->algo), r->t_submit,
-                                        r->t_start, r->t_end, r->status);
+                                        r->t_start, r->t_agreed, r->t_end, r->status);
             if (!t || PyList_Append(out, t) < 0) {
                 Py_XDECREF(t);
                 Py_DECREF(out);
@@ -372,6 +372,21 @@ static PyObject *Context_timeline_drain(ContextObject *self, PyObject *noargs) {
         }
     }
     return out;
+}
+
+static PyObject *Context_shared_alloc(ContextObject *self, PyObject *args) {
+    unsigned long long bytes;
+    if (!PyArg_ParseTuple(args, "K", &bytes)) return NULL;
+    hpcdl_ctx *c = get_ctx(self);
+    if (!c) return NULL;
+    void *p = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = hpcdl_shared_alloc(c, (size_t)bytes, &p);
+    Py_END_ALLOW_THREADS
+    if (rc != HPCDL_OK) return raise_rc(rc, hpcdl_last_error());
+    // the memory outlives the context (freed by MPI_Finalize), so a view is safe
+    return PyMemoryView_FromMemory(p, (Py_ssize_t)bytes, PyBUF_WRITE);
 }
 
 static PyObject *Context_set_check(ContextObject *self, PyObject *args) {
@@ -416,7 +431,8 @@ static PyMethodDef Context_methods[] = {
     {"async_invalid", (PyCFunction)Context_async_invalid, METH_VARARGS, "async_invalid(what, name) -> handle"},
     {"poll", (PyCFunction)Context_poll, METH_VARARGS, "poll(handle) -> bool"},
     {"wait", (PyCFunction)Context_wait, METH_VARARGS, "wait(handle)"},
-    {"timeline_drain", (PyCFunction)Context_timeline_drain, METH_NOARGS, "list of (handle, name, bytes, algo, t_submit, t_start, t_end, status)"},
+    {"timeline_drain", (PyCFunction)Context_timeline_drain, METH_NOARGS, "list of (handle, name, bytes, algo, t_submit, t_start, t_agreed, t_end, status)"},
+    {"shared_alloc", (PyCFunction)Context_shared_alloc, METH_VARARGS, "shared_alloc(bytes) -> memoryview in node shared memory (collective over the node)"},
     {"set_check", (PyCFunction)Context_set_check, METH_VARARGS, "set_check(bool)"},
     {"set_chunk_bytes", (PyCFunction)Context_set_chunk_bytes, METH_VARARGS, "set_chunk_bytes(int)"},
     {"choose_algo", (PyCFunction)Context_choose_algo, METH_VARARGS, "choose_algo(bytes) -> name"},
