@@ -1,5 +1,5 @@
 """allreduce.py - `hpcdl bench allreduce`: hpcdl's all-reduce algorithms
-(ring, hier, auto, mpi) against two peers, MPI_Allreduce through mpi4py
+(ring, hier, auto, shared, mpi) against two peers, MPI_Allreduce through mpi4py
 ("mpi4py") and torch.distributed's gloo ("gloo"), timed in one run on the
 same buffers, in the shape of nccl-tests' tables.
 
@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-HPCDL_IMPLS = ("ring", "hier", "auto", "mpi")   # hpcdl's algorithms (the C core)
+# hpcdl's algorithms (the C core); "shared" is auto on a buffer in node shared
+# memory (Communicator.shared_buffer), as DistributedOptimizer's buckets are
+HPCDL_IMPLS = ("ring", "hier", "auto", "shared", "mpi")
 PEERS = ("mpi4py", "gloo")                      # what hpcdl is measured against
 IMPLS = HPCDL_IMPLS + PEERS
 DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
@@ -238,6 +240,8 @@ def start_gloo(mpi, job):
 
 def bind(name, world, buf):
     """A no-argument callable running one in-place all-reduce (sum) of buf."""
+    if name == "shared":
+        return lambda: world.allreduce(buf, None, "sum", "auto")
     if name in HPCDL_IMPLS:
         return lambda: world.allreduce(buf, None, "sum", name)
     if name == "mpi4py":
@@ -274,16 +278,23 @@ def bench_size(world, nbytes, impls, opts):
     copy_bw = measure_copy_bw(world.mpi, nbytes, opts)
     rows = []
     for name in impls:
-        run = bind(name, world, work)
-        wrong = count_wrong(world.mpi, run, work, send, expected)
-        t, fastest, iters = timed_loop(world.mpi, run, lambda: np.copyto(work, send), opts)
+        buf = work
+        if name == "shared":  # never freed before exit: one per size measured
+            view = world.shared_buffer(nbytes) if count else None
+            if view is None:
+                continue  # one rank per node: nothing to share
+            buf = np.frombuffer(view, dtype, count)
+        run = bind(name, world, buf)
+        wrong = count_wrong(world.mpi, run, buf, send, expected)
+        t, fastest, iters = timed_loop(world.mpi, run, lambda: np.copyto(buf, send), opts)
         algbw = nbytes / t / 1e9
         rows.append({"impl": name, "bytes": nbytes, "count": count, "type": opts.dtype,
                      "redop": "sum", "time_us": t * 1e6, "algbw": algbw,
                      "busbw": busbw(algbw, n), "wrong": wrong,
                      "floor_us": 2 * n * nbytes / (copy_bw * 1e9) * 1e6,
                      "copy_bw_GBps": copy_bw, "iters": iters, "min_us": fastest * 1e6,
-                     "algorithm": world.choose_algorithm(nbytes) if name == "auto" else name})
+                     "algorithm": (world.choose_algorithm(nbytes) if name == "auto" else
+                                   "hier-shared" if name == "shared" else name)})
         print_row(world, rows[-1])
     return rows
 

@@ -7,9 +7,10 @@ run on the same ranks.
 Prints samples/s of each, their ratio, and for hpcdl the fraction of
 communication time hidden behind backward (from its timeline: the part of
 each bucket's communicate phase that ran while this rank's backward ran, and
-the part that ran before the slowest rank's backward returned). With
---repeats R every implementation runs R times, interleaved in rotating order,
-and the medians and ranges are reported. Both runs start
+the part that ran before the slowest rank's backward returned). The three
+take turns step by step (order rotating), each step timed alone from a
+barrier, so drifting machine speed hits all alike; --repeats R does this R
+times with fresh models and reports medians and ranges. Both runs start
 from the same parameters and see the same batches, so they must end with the
 same parameters; the difference is checked and reported (#wrong = 0 or not).
 """
@@ -18,6 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from mpi4py import MPI
@@ -58,43 +60,11 @@ def batches(opts, shape, classes, rank, n):
 
 
 # ----------------------------------------------------------------------------
-# the two implementations, each returning (seconds for the timed steps, model,
-# backward windows as (start, end) MPI_Wtime pairs)
+# the three implementations: each a model and a step(x, y)
 
-def run_hpcdl(opts, data):
-    import hpcdl.torch as hvd
-    from ..trace import timeline
-    model, _, _ = build_model(opts.model)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=opts.lr),
-                                   named_parameters=model.named_parameters())
-    windows, tl = [], None
-    for i, (x, y) in enumerate(data):
-        if i == opts.warmup:
-            comm.barrier()
-            tl = timeline.start_timeline(os.devnull)  # records; written nowhere
-            t0 = time.perf_counter()
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        b0 = MPI.Wtime()
-        loss.backward()
-        windows.append((b0, MPI.Wtime()))
-        opt.step()
-    comm.barrier()
-    seconds = time.perf_counter() - t0
-    timeline._active = None
-    return seconds, model, windows[opts.warmup:], tl
-
-
-def timed_steps(opts, data, step, barrier):
-    """Runs step(x, y) over data; seconds of the steps after the warm-up ones
-    (a barrier before starting and before stopping the clock)."""
-    for i, (x, y) in enumerate(data):
-        if i == opts.warmup:
-            barrier()
-            t0 = time.perf_counter()
-        step(x, y)
-    barrier()
-    return time.perf_counter() - t0
+class Impl:
+    def __init__(self, name, model, step):
+        self.name, self.model, self.step = name, model, step
 
 
 def sgd_step(model, opt):
@@ -105,21 +75,58 @@ def sgd_step(model, opt):
     return step
 
 
-def run_local(opts, data):
-    """No communication at all: every rank trains alone at the same time, the
-    compute-only floor that no data-parallel step can beat."""
+def make_hpcdl(opts, windows):
+    """DistributedOptimizer; each step appends its backward window (MPI_Wtime)."""
+    import hpcdl.torch as hvd
     model, _, _ = build_model(opts.model)
-    opt = torch.optim.SGD(model.parameters(), lr=opts.lr)
-    return timed_steps(opts, data, sgd_step(model, opt), comm.barrier), model
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=opts.lr),
+                                   named_parameters=model.named_parameters())
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        b0 = MPI.Wtime()
+        loss.backward()
+        windows.append((b0, MPI.Wtime()))
+        opt.step()
+    return Impl("hpcdl", model, step)
 
 
-def run_ddp(opts, data):
-    import torch.distributed as dist
+def make_ddp(opts):
     from torch.nn.parallel import DistributedDataParallel as DDP
     model, _, _ = build_model(opts.model)
     ddp = DDP(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=opts.lr)
-    return timed_steps(opts, data, sgd_step(ddp, opt), dist.barrier), model
+    return Impl("ddp-gloo", model, sgd_step(ddp, torch.optim.SGD(ddp.parameters(), lr=opts.lr)))
+
+
+def make_local(opts):
+    """No communication at all: every rank trains alone at the same time, the
+    compute-only floor that no data-parallel step can beat."""
+    model, _, _ = build_model(opts.model)
+    return Impl("no-comm", model, sgd_step(model, torch.optim.SGD(model.parameters(),
+                                                                  lr=opts.lr)))
+
+
+def interleaved(opts, impls, data, mpi):
+    """Every step of the data runs under each implementation in turn (the
+    order rotating step by step), each step timed alone from a barrier, so a
+    machine that speeds up or slows down during the run affects all of them
+    alike. Returns {name: [seconds of each timed step, slowest rank]}."""
+    times = {i.name: [] for i in impls}
+    for k, (x, y) in enumerate(data):
+        for j in range(len(impls)):
+            impl = impls[(k + j) % len(impls)]
+            mpi.Barrier()
+            t0 = time.perf_counter()
+            impl.step(x, y)
+            if k >= opts.warmup:
+                times[impl.name].append(time.perf_counter() - t0)
+    for name in times:  # a step takes as long as its slowest rank
+        mine = np.array(times[name])
+        slowest = np.empty_like(mine)
+        mpi.Allreduce(mine, slowest, op=MPI.MAX)
+        times[name] = slowest.tolist()
+    return times
 
 
 # ----------------------------------------------------------------------------
@@ -157,6 +164,8 @@ def hidden_fractions(tl, windows, mpi):
     communication that ends while any rank still computes its backward does not
     lengthen the step. Both averaged over ranks."""
     spans = comm_spans(tl)
+    if windows:  # the warm-up steps' buckets do not count
+        spans = [(a, b) for a, b in spans if b >= windows[0][0]]
     off = clock_offset(mpi)
     mine = [(a - off, b - off) for a, b in windows]
     every = mpi.allgather(mine)
@@ -174,29 +183,26 @@ def max_param_diff(m1, m2):
 IMPLS = ("hpcdl", "ddp-gloo", "no-comm")
 
 
-def one_repeat(opts, data, order, gloo_ok):
-    """Runs each implementation once, in the given order; {impl: row}."""
-    out, models_ = {}, {}
-    mpi = comm.world().mpi
-    for impl in order:
-        if impl == "hpcdl":
-            t, models_[impl], windows, tl = run_hpcdl(opts, data)
-            hidden, hidden_job = hidden_fractions(tl, windows, mpi)
-        elif impl == "ddp-gloo":
-            if not gloo_ok:
-                continue
-            t, models_[impl] = run_ddp(opts, data)
-            hidden = hidden_job = None
-        else:
-            t, _ = run_local(opts, data)
-            hidden = hidden_job = None
-        t = mpi.allreduce(t, op=MPI.MAX)  # the slowest rank sets the pace
-        out[impl] = dict(seconds=t, samples_per_s=opts.steps * opts.batch * mpi.size / t,
-                         hidden=hidden, hidden_job=hidden_job)
+def one_pass(opts, data, gloo_ok, mpi):
+    """Fresh models, warm-up steps, then opts.steps interleaved timed steps;
+    ({impl: row}, max parameter difference between hpcdl and DDP)."""
+    from ..trace import timeline
+    windows = []
+    impls = [make_hpcdl(opts, windows)] + ([make_ddp(opts)] if gloo_ok else [])
+    impls.append(make_local(opts))
+    tl = timeline.start_timeline(os.devnull)  # records hpcdl's buckets; written nowhere
+    times = interleaved(opts, impls, data, mpi)
+    timeline._active = None
+    hidden = hidden_fractions(tl, windows[opts.warmup:], mpi)
+    out = {}
+    for impl in impls:
+        t = sum(times[impl.name])
+        out[impl.name] = dict(seconds=t, samples_per_s=opts.steps * opts.batch * mpi.size / t,
+                              hidden=hidden[0] if impl.name == "hpcdl" else None,
+                              hidden_job=hidden[1] if impl.name == "hpcdl" else None)
     diff = None
     if gloo_ok:
-        diff = mpi.allreduce(max_param_diff(models_["hpcdl"], models_["ddp-gloo"]),
-                             op=MPI.MAX)
+        diff = mpi.allreduce(max_param_diff(impls[0].model, impls[1].model), op=MPI.MAX)
     return out, diff
 
 
@@ -244,15 +250,14 @@ def run(opts):
     say("#  ranks %d | hosts %d | MPI: %s | cores %s | torch threads per rank %d"
         % (world.size, len(job["hosts"]), job["mpi_library"], job["cores"], threads))
     say("#  model %s (%.1f M parameters) | batch %d per rank (%d global) | %d steps after "
-        "%d warm-up | SGD lr %g | %d repeat(s), order rotated each repeat"
+        "%d warm-up | SGD lr %g | %d repeat(s) | steps interleaved, each timed from a barrier"
         % (opts.model, nparams / 1e6, opts.batch, opts.batch * world.size, opts.steps,
            opts.warmup, opts.lr, opts.repeats))
     if err is not None:
         say("# gloo unavailable: %s" % err)
     reps, diffs = [], []
     for k in range(opts.repeats):
-        order = IMPLS[k % 3:] + IMPLS[:k % 3]  # no implementation always first
-        rep, diff = one_repeat(opts, data, order, err is None)
+        rep, diff = one_pass(opts, data, err is None, mpi)
         reps.append(rep)
         diffs.append(diff)
         if opts.repeats > 1:

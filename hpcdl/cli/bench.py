@@ -12,7 +12,7 @@ from .main import UsageError
 from .run import add_launch_args
 
 EXTRA_BENCHMARKS = ["calibrate", "data"]  # hpcdl/cli/bench_<name>.py with register(sub)
-DEFAULT_ALGORITHMS = "ring,hier,auto,mpi,mpi4py,gloo"
+DEFAULT_ALGORITHMS = "ring,hier,auto,shared,mpi,mpi4py,gloo"
 
 
 def register(subparsers):
@@ -40,7 +40,8 @@ def _help(parser):
 def _register_allreduce(sub):
     p = sub.add_parser(
         "allreduce", help="hpcdl's all-reduce against MPI_Allreduce and gloo",
-        description="Times hpcdl's all-reduce algorithms (ring, hier, auto, mpi), "
+        description="Times hpcdl's all-reduce algorithms (ring, hier, auto, shared: auto on a "
+                    "buffer in node shared memory, mpi), "
                     "MPI_Allreduce through mpi4py and torch.distributed gloo on the same "
                     "buffers, one row per size and implementation, checks every result "
                     "and exits 1 on a wrong value.",

@@ -87,7 +87,9 @@ class DistributedOptimizer(OptimizerWrapper):
         if self._predivide != 1.0 and self._op != "average":
             raise ValueError("gradient_predivide_factor needs op=Average")
         self._names = _param_names(params, named_parameters)
-        self._buckets = _make_buckets(params, self._names, groups)
+        plan = _plan_buckets(params, groups)
+        _check_same_plan(plan)
+        self._buckets = [_Bucket(i, g, [self._names[p] for p in g]) for i, g in enumerate(plan)]
         self._bucket_of = {p: (b, i) for b in self._buckets for i, p in enumerate(b.params)}
         self._passes = {p: 0 for p in params}
         self._next_submit = 0
@@ -249,29 +251,43 @@ def _param_names(params, named_parameters):
     return {p: by_param[p] for p in params}
 
 
-def _make_buckets(params, names, groups):
-    """Buckets in reverse parameter order: a small first one, then threshold-sized,
-    never mixing dtypes or devices. groups: None, an int (that many equal
-    buckets) or a list of parameter lists (each one bucket)."""
+def _plan_buckets(params, groups):
+    """Parameter lists, one per bucket, in reverse parameter order: a small
+    first one, then threshold-sized, never mixing dtypes or devices. groups:
+    None, an int (that many equal buckets) or a list of parameter lists (each
+    one bucket)."""
     if isinstance(groups, (list, tuple)):
         listed = [p for g in groups for p in g]
         rest = [p for p in params if p not in set(listed)]
-        plan = [list(g) for g in groups if g] + [[p] for p in reversed(rest)]
-        return [_Bucket(i, g, [names[p] for p in g]) for i, g in enumerate(plan)]
+        return [list(g) for g in groups if g] + [[p] for p in reversed(rest)]
     order = list(reversed(params))
     if isinstance(groups, int) and groups > 0:
         per = -(-len(order) // groups)
-        plan = [order[i:i + per] for i in range(0, len(order), per)]
-    else:
-        plan, cur, cur_bytes, limit = [], [], 0, FIRST_BUCKET_BYTES
-        for p in order:
-            nbytes = p.numel() * p.element_size()
-            if cur and (cur_bytes + nbytes > limit or p.dtype != cur[0].dtype
-                        or p.device != cur[0].device):
-                plan.append(cur)
-                cur, cur_bytes, limit = [], 0, fusion_threshold()
-            cur.append(p)
-            cur_bytes += nbytes
-        if cur:
+        return [order[i:i + per] for i in range(0, len(order), per)]
+    plan, cur, cur_bytes, limit = [], [], 0, FIRST_BUCKET_BYTES
+    for p in order:
+        nbytes = p.numel() * p.element_size()
+        if cur and (cur_bytes + nbytes > limit or p.dtype != cur[0].dtype
+                    or p.device != cur[0].device):
             plan.append(cur)
-    return [_Bucket(i, g, [names[p] for p in g]) for i, g in enumerate(plan)]
+            cur, cur_bytes, limit = [], 0, fusion_threshold()
+        cur.append(p)
+        cur_bytes += nbytes
+    if cur:
+        plan.append(cur)
+    return plan
+
+
+def _check_same_plan(plan):
+    """Collective: every rank must build the same buckets (they are allocated
+    together in node shared memory and all-reduced pairwise); otherwise a
+    ValueError on every rank that says how they differ."""
+    mine = [(sum(p.numel() for p in g), str(g[0].dtype)) for g in plan]
+    world = comm.world()
+    every = world.mpi.allgather(mine)
+    if any(b != every[0] for b in every):
+        ranks = ", ".join("rank %d: %d buckets, %d elements" % (r, len(b), sum(n for n, _ in b))
+                          for r, b in enumerate(every[:8]))
+        raise ValueError("DistributedOptimizer: ranks built different fusion buckets (%s). "
+                         "Every rank must wrap an optimizer over the same model, with the "
+                         "same HPCDL_FUSION_THRESHOLD and groups." % ranks)

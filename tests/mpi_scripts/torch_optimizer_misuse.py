@@ -35,6 +35,10 @@ expect_error(ValueError, ["unique", "dup"],
 expect_error(ValueError, ["not in it"],
              lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                               named_parameters=named[:2]))
+# a different model on the last rank: every rank is told, nobody hangs
+odd = nn.Linear(8, 16 + (R == N - 1))
+expect_error(ValueError, ["different fusion buckets", "rank %d" % (N - 1)],
+             lambda: hvd.DistributedOptimizer(torch.optim.SGD(odd.parameters(), lr=0.1)))
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                named_parameters=model.named_parameters())
 x, y = torch.randn(4, 8) + R, torch.tensor([0, 1, 2, R % 3])
