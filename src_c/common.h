@@ -51,6 +51,7 @@ typedef struct {
     int polite;         // 1: waits test-and-sleep instead of spinning (engine thread)
     const int *urgent;  // polite teams: > 0 while a caller thread blocks in hpcdl_wait
     double t_agreed;    // MPI_Wtime when the last collective's agreement check ended
+    void *scratch;      // shared.c's piece buffer, allocated on first use
 } hpcdl_team;
 
 // MPI_Wait, or for a polite team MPI_Test with short sleeps: the engine thread
@@ -86,11 +87,25 @@ int hpcdl_stall_start(hpcdl_ctx *ctx, MPI_Comm comm);
 
 // shared.c: node shared-memory buffers all-reduced in place without copies
 int hpcdl_shared_alloc_locked(hpcdl_ctx *ctx, size_t bytes, void **out);
-const hpcdl_shared_buf *hpcdl_shared_find(const hpcdl_ctx *ctx, const hpcdl_team *t,
-                                          const void *ptr, size_t bytes);
+hpcdl_shared_buf *hpcdl_shared_find(const hpcdl_ctx *ctx, const hpcdl_team *t,
+                                    const void *ptr, size_t bytes);
 int64_t hpcdl_shared_id(const hpcdl_shared_buf *b); // -1 for NULL
+uint32_t hpcdl_shared_publish(hpcdl_shared_buf *b, int local_rank, size_t count,
+                              hpcdl_dtype dtype, hpcdl_op op);
+int hpcdl_shared_steal_allreduce(hpcdl_team *t, const hpcdl_shared_buf *b, uint32_t gen,
+                                 size_t count, hpcdl_dtype dtype, hpcdl_op op);
 int hpcdl_shared_allreduce(hpcdl_team *t, const hpcdl_shared_buf *b, size_t count,
                            hpcdl_dtype dtype, hpcdl_op op);
+// The buffer an in-place all-reduce (algo auto or hier) of [ptr, ptr+bytes)
+// uses, or NULL. Caller's thread.
+static inline hpcdl_shared_buf *hpcdl_shared_for(const hpcdl_ctx *ctx, const hpcdl_team *t,
+                                                 const void *send, const void *recv,
+                                                 size_t bytes, hpcdl_algo algo) {
+    if (send != recv || (algo != HPCDL_ALGO_AUTO && algo != HPCDL_ALGO_HIER) ||
+        t->local_size < 2 || !t->uniform)
+        return NULL;
+    return hpcdl_shared_find(ctx, t, recv, bytes);
+}
 void hpcdl_stall_stop(hpcdl_ctx *ctx);
 
 // ----------------------------------------------------------------------------
@@ -119,7 +134,9 @@ void hpcdl_shm_free(hpcdl_team *t);
 int hpcdl_hier_allreduce(hpcdl_team *t, const void *send, void *recv, size_t count,
                          hpcdl_dtype dtype, hpcdl_op op);
 
-int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send,
+// shared: the caller's hpcdl_shared_for (resolved on its thread), or NULL.
+int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_shared_buf *shared,
+                             const void *send,
                              void *recv, size_t count, hpcdl_dtype dtype, hpcdl_op op,
                              hpcdl_algo algo, hpcdl_algo *used);
 

@@ -49,6 +49,8 @@ int hpcdl_team_create(hpcdl_team *t, MPI_Comm comm, int local_size) {
 
 int hpcdl_team_free(hpcdl_team *t) {
     hpcdl_shm_free(t);
+    free(t->scratch);
+    t->scratch = NULL;
     if (t->cross != MPI_COMM_NULL && t->cross) MPI_CHECK(MPI_Comm_free(&t->cross));
     if (t->local != MPI_COMM_NULL && t->local) MPI_CHECK(MPI_Comm_free(&t->local));
     if (t->world != MPI_COMM_NULL && t->world) MPI_CHECK(MPI_Comm_free(&t->world));
@@ -343,15 +345,10 @@ hpcdl_algo hpcdl_choose_algo(const hpcdl_ctx *ctx, size_t bytes) {
 
 // Runs one all-reduce on team t (the caller's or the engine's); `used` gets
 // the algorithm that really ran. Agreement check first when enabled.
-int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *recv,
-                             size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo,
-                             hpcdl_algo *used) {
+int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_shared_buf *shared,
+                             const void *send, void *recv, size_t count, hpcdl_dtype dtype,
+                             hpcdl_op op, hpcdl_algo algo, hpcdl_algo *used) {
     size_t bytes = count * hpcdl_dtype_size(dtype);
-    // an in-place all-reduce of a whole shared buffer skips the staging copies
-    const hpcdl_shared_buf *shared = NULL;
-    if (send == recv && (algo == HPCDL_ALGO_AUTO || algo == HPCDL_ALGO_HIER) &&
-        t->local_size > 1 && t->uniform)
-        shared = hpcdl_shared_find(ctx, t, recv, bytes);
     if (ctx->check) {
         static const char *const names[] = {"valid", "count", "dtype", "op", "algorithm",
                                             "shared buffer (-1: none)"};
@@ -407,7 +404,14 @@ int hpcdl_shared_alloc(hpcdl_ctx *ctx, size_t bytes, void **ptr) {
 int hpcdl_allreduce(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
                     hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
     HPCDL_TRY(hpcdl_check_enums("allreduce", dtype, op, algo));
-    return LOCKED(ctx, hpcdl_dispatch_allreduce(ctx, &ctx->main, send, recv, count, dtype,
+    hpcdl_team *t = &ctx->main;
+    hpcdl_shared_buf *shared =
+        hpcdl_shared_for(ctx, t, send, recv, count * hpcdl_dtype_size(dtype), algo);
+    if (shared && t->cross_size == 1) { // one node: publish, then work stealing
+        uint32_t gen = hpcdl_shared_publish(shared, t->local_rank, count, dtype, op);
+        return LOCKED(ctx, hpcdl_shared_steal_allreduce(t, shared, gen, count, dtype, op));
+    }
+    return LOCKED(ctx, hpcdl_dispatch_allreduce(ctx, t, shared, send, recv, count, dtype,
                                                 op, algo, NULL));
 }
 

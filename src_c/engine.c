@@ -15,7 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 #ifdef __linux__
+#include <sched.h>
+#include <stdint.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 #include "engine.h"
 
@@ -37,6 +41,8 @@ typedef struct work {
     hpcdl_op op;
     hpcdl_algo algo;
     int valid;            // 0: this rank's buffer failed validation
+    hpcdl_shared_buf *shared; // all-reduce of a node shared buffer (shared.c)
+    uint32_t gen;         // its generation, published at submission (one node)
     char name[64];
     int done, status;
     int used_algo;
@@ -74,8 +80,13 @@ static int dispatch(hpcdl_ctx *ctx, work *w, hpcdl_algo *used) {
         return hpcdl_check_invalid(t, kind_names[w->kind], sig_fields(w->kind));
     switch (w->kind) {
     case W_ALLREDUCE:
-        return hpcdl_dispatch_allreduce(ctx, t, w->send, w->recv, w->count, w->dtype, w->op,
-                                        w->algo, used);
+        if (w->shared && t->cross_size == 1) { // published at submission (shared.c)
+            *used = HPCDL_USED_SHARED;
+            return hpcdl_shared_steal_allreduce(t, w->shared, w->gen, w->count, w->dtype,
+                                                w->op);
+        }
+        return hpcdl_dispatch_allreduce(ctx, t, w->shared, w->send, w->recv, w->count,
+                                        w->dtype, w->op, w->algo, used);
     case W_REDUCE_SCATTER:
         return hpcdl_dispatch_reduce_scatter(ctx, t, w->send, w->recv, w->counts, w->dtype,
                                              w->op, w->algo);
@@ -116,6 +127,28 @@ static void record(hpcdl_engine *e, const work *w) {
     r->status = w->status;
 }
 
+#ifdef __linux__
+// Asks the scheduler for short time slices (Linux >= 6.12, EEVDF; older
+// kernels ignore the hint). The engine sleeps while this rank's backward pass
+// runs on the same core; a short slice gives it an early deadline, so when a
+// peer's message arrives it preempts the compute thread at once instead of
+// waiting out the compute thread's slice (milliseconds per wake-up otherwise).
+// HPCDL_ENGINE_SLICE_US sets it (default 100, 0 = leave the default).
+static void request_short_slice(void) {
+    const char *env = getenv("HPCDL_ENGINE_SLICE_US");
+    long us = env && *env ? atol(env) : 100;
+    if (us <= 0) return;
+    struct {
+        uint32_t size, policy;
+        uint64_t flags;
+        int32_t nice;
+        uint32_t priority;
+        uint64_t runtime, deadline, period;
+    } attr = {sizeof attr, SCHED_OTHER, 0, 0, 0, (uint64_t)us * 1000, 0, 0};
+    (void)syscall(SYS_sched_setattr, 0, &attr, 0); // a hint: failure changes nothing
+}
+#endif
+
 static void *engine_main(void *arg) {
     hpcdl_ctx *ctx = arg;
     hpcdl_engine *e = ctx->engine;
@@ -123,6 +156,7 @@ static void *engine_main(void *arg) {
     // the engine's short polite sleeps (team wait) should last microseconds,
     // not the default 50 us timer slack
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    request_short_slice();
 #endif
     pthread_mutex_lock(&e->mu);
     for (;;) {
@@ -256,6 +290,10 @@ int hpcdl_allreduce_async(hpcdl_ctx *ctx, const void *send, void *recv, size_t c
     w->send = send;
     w->recv = recv;
     w->count = count;
+    hpcdl_team *t = &ctx->eng;
+    w->shared = hpcdl_shared_for(ctx, t, send, recv, count * hpcdl_dtype_size(dtype), algo);
+    if (w->shared && t->cross_size == 1 && ctx->engine) // peers may start on it from now on
+        w->gen = hpcdl_shared_publish(w->shared, t->local_rank, count, dtype, op);
     return submit(ctx, w, out);
 }
 

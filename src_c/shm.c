@@ -91,6 +91,16 @@ void hpcdl_shm_free_struct(hpcdl_shm *s) {
     free(s);
 }
 
+// 1 when a local peer has entered a barrier this rank has not (it runs a
+// collective that this rank is not running now).
+int hpcdl_shm_peer_ahead(const hpcdl_team *t) {
+    const hpcdl_shm *s = t->shm;
+    for (int j = 0; j < t->local_size; j++)
+        if (j != t->local_rank && __atomic_load_n(s->seq[j], __ATOMIC_ACQUIRE) > s->epoch)
+            return 1;
+    return 0;
+}
+
 int64_t *hpcdl_shm_sig(const hpcdl_shm *s, int local_rank, int parity) {
     return (int64_t *)((char *)s->seq[local_rank] + 64 + 64 * parity);
 }

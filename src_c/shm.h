@@ -18,6 +18,7 @@ struct hpcdl_shm {
 };
 
 int hpcdl_shm_barrier(hpcdl_team *t);
+int hpcdl_shm_peer_ahead(const hpcdl_team *t);
 // Local rank j's agreement-check signature (8 int64) for barrier parity p.
 int64_t *hpcdl_shm_sig(const hpcdl_shm *s, int local_rank, int parity);
 void hpcdl_shm_free_struct(hpcdl_shm *s);

@@ -106,7 +106,7 @@ class DistributedOptimizer(OptimizerWrapper):
         if self._t_backward is None:
             self._t_backward = MPI.Wtime()
         b, i = self._bucket_of[p]
-        if p.grad is not b.views[i]:  # grads were reset to None: fold into the bucket
+        if p.grad is not b.views[i]:  # first pass since zero_grad(): into the bucket
             b.views[i].copy_(p.grad)
             p.grad = b.views[i]
         self._passes[p] += 1
@@ -137,6 +137,10 @@ class DistributedOptimizer(OptimizerWrapper):
         b.t_submit = MPI.Wtime()
         if b.ready < len(b.params):  # sent by synchronize(), not by its last hook
             b.t_ready = b.t_submit
+            for p, v in zip(b.params, b.views):
+                if self._passes[p] == 0:  # no gradient this step: it counts as zero
+                    v.zero_()
+                    p.grad = v
         t = b.buffer
         if self._predivide != 1.0:
             t.mul_(1.0 / self._predivide)
@@ -206,8 +210,11 @@ class DistributedOptimizer(OptimizerWrapper):
         return self._opt.step(closure)
 
     def zero_grad(self, set_to_none=True):
-        """Zeroes the gradients in place (they are views into the buckets, so
-        set_to_none is not honoured). Refuses between backward and step."""
+        """Resets the gradients; refuses between backward and step. With
+        set_to_none (the default, as in torch) each .grad becomes None and the
+        next backward's gradient is copied into its bucket by the hook: one
+        copy instead of zeroing the buckets and accumulating into them (which
+        reads and writes every bucket once more)."""
         if self._next_submit > 0 or any(n for n in self._passes.values()):
             raise RuntimeError(
                 "zero_grad() was called after backward() but before step() or "
@@ -215,9 +222,10 @@ class DistributedOptimizer(OptimizerWrapper):
                 "and zeroing them now would lose this step. Call zero_grad() before "
                 "backward(), or after step().")
         for b in self._buckets:
-            b.buffer.zero_()
+            if not set_to_none:
+                b.buffer.zero_()
             for p, v in zip(b.params, b.views):
-                p.grad = v
+                p.grad = None if set_to_none else v
 
     # ------------------------------------- state_dict etc.: OptimizerWrapper's
     def add_param_group(self, param_group):

@@ -5,7 +5,9 @@ blocking and async, every op, several dtypes and sizes (0 < n, n < ranks,
 odd lengths, 4 MiB+). Also: the timeline names the zero-copy path; a buffer
 shared on one rank but not on another fails on every rank (agreement check)
 instead of corrupting; out-of-place calls and slices of a shared buffer take
-the ordinary path and stay correct. Prints 'CHECKS n FAILED k' on rank 0."""
+the ordinary path and stay correct; several buffers in flight over many
+generations, submitted in different orders, with an ordinary all-reduce
+queued behind them; float results bitwise equal on every rank. Prints 'CHECKS n FAILED k' on rank 0."""
 import sys
 
 import numpy as np
@@ -60,6 +62,49 @@ for dtype in DTYPES:
             ok = np.allclose(buf, want, rtol=1e-6) if op == "average" else np.array_equal(buf, want)
             check(ok, "%s n=%d op=%s" % (np.dtype(dtype).name, n, op))
 
+# back to back on the same buffer, new input copied in right after each
+# result: no rank may return before every piece is stored in its buffer
+for n in (1024, 4096, 16384, 300000):
+    buf = shared(n, np.float32)
+    x = values(n, np.float32, 5)
+    want = reference(x, "sum")
+    wrong = 0
+    for it in range(25):
+        np.copyto(buf, x)
+        if it % 2:
+            c.allreduce_async(buf, op="sum", name="again").wait()
+        else:
+            c.allreduce(buf, op="sum")
+        wrong += int(np.count_nonzero(buf != want))
+    check(wrong == 0, "back to back n=%d: %d wrong elements over 25 calls" % (n, wrong))
+
+# several buffers in flight over many generations, with an ordinary
+# all-reduce queued behind them; on one node (work stealing, no per-call
+# agreement) odd ranks may even submit the shared ones in another order
+bufs = [shared(n, np.float32) for n in (5000, 300000, 17)]
+plain = np.empty(1000, dtype=np.float64)
+for rep in range(12):
+    xs = [values(b.size, np.float32, rep + k) for k, b in enumerate(bufs)]
+    for b, x in zip(bufs, xs):
+        b[:] = x
+    plain[:] = values(plain.size, np.float64, rep)
+    order = [2, 0, 1] if R % 2 and c.cross_size == 1 else [0, 1, 2]
+    handles = [c.allreduce_async(bufs[k], op="sum", name="multi.%d" % k) for k in order]
+    handles.append(c.allreduce_async(plain, op="max", name="plain"))
+    for h in handles:
+        h.wait()
+    for k, (b, x) in enumerate(zip(bufs, xs)):
+        check(np.array_equal(b, reference(x, "sum")), "in flight rep %d buffer %d" % (rep, k))
+    check(np.array_equal(plain, reference(values(plain.size, np.float64, rep), "max")),
+          "plain all-reduce behind shared ones, rep %d" % rep)
+
+# float sums come out bitwise the same on every rank (one rank computes each piece)
+x = (np.arange(300000, dtype=np.float32) * 0.37 + R * 0.011).astype(np.float32)
+big = shared(x.size, np.float32)
+big[:] = x
+c.allreduce(big, op="sum")
+check(all(np.array_equal(big, o) for o in c.mpi.allgather(big.copy())), "bitwise equal")
+
 # the timeline says which path ran
 buf = shared(4096, np.float32)
 buf[:] = values(4096, np.float32, 1)
@@ -81,6 +126,7 @@ c.allreduce(buf, out, op="max")
 check(np.array_equal(out, reference(x, "max")) and np.array_equal(buf, x), "out of place")
 
 # shared on rank 0 only: every rank raises instead of mixing the two paths
+# (last: after a mismatch the buffer's state is undefined)
 plain = np.ones(4096, dtype=np.float32)
 mine = buf if R == 0 else plain
 try:

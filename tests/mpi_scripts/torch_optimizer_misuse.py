@@ -60,6 +60,30 @@ opt.zero_grad()
 F.cross_entropy(model(x), y).backward()
 expect_error(RuntimeError, ["backward_passes_per_step"],
              lambda: F.cross_entropy(model(x), y).backward())
+# zero_grad() sets grads to None; a parameter without a gradient this step
+# (the unused head) is sent as zeros and ends with a zero grad, the others
+# with the average over ranks of fresh gradients (not added to old ones)
+two = nn.ModuleDict({"used": nn.Linear(8, 3), "unused": nn.Linear(8, 3)})
+opt2 = hvd.DistributedOptimizer(torch.optim.SGD(two.parameters(), lr=0.1),
+                                named_parameters=two.named_parameters())
+for step in range(2):
+    opt2.zero_grad()
+    if any(p.grad is not None for p in two.parameters()):
+        problems.append("zero_grad() left a gradient")
+    loss = F.cross_entropy(two["used"](x), y)
+    loss.backward()
+    mine = [p.grad.clone() for p in two["used"].parameters()]
+    opt2.synchronize()
+    for p, g in zip(two["used"].parameters(), mine):
+        if not torch.allclose(p.grad, hvd.allreduce(g, op=hvd.Average), atol=1e-6):
+            problems.append("step %d: used grad is not this step's average" % step)
+    if any(p.grad is None or p.grad.abs().max() != 0 for p in two["unused"].parameters()):
+        problems.append("step %d: unused parameter's grad is not zero" % step)
+    with opt2.skip_synchronize():
+        opt2.step()
+opt2.zero_grad(set_to_none=False)
+if any(p.grad is None or p.grad.abs().max() != 0 for p in two.parameters()):
+    problems.append("zero_grad(set_to_none=False) did not leave zero grads")
 bad = hvd.allreduce(torch.tensor(float(len(problems))), op=hvd.Sum).item()
 for p in problems:
     print("[rank %d] FAIL %s" % (R, p), flush=True)
