@@ -12,17 +12,22 @@ from mpi_harness import run_python
 SCRIPT = os.path.join(os.path.dirname(__file__), "mpi_scripts", "stall_check.py")
 
 
+BUFFERS = pytest.mark.parametrize("buffer", ["plain", "shared"])
+
+
 @pytest.mark.mpi
-def test_warns_naming_rank_and_tensor():
-    r = run_python(2, SCRIPT, args=["late"], env={"HPCDL_STALL_CHECK_TIME_SECONDS": "1"})
+@BUFFERS
+def test_warns_naming_rank_and_tensor(buffer):
+    r = run_python(2, SCRIPT, args=["late", buffer], env={"HPCDL_STALL_CHECK_TIME_SECONDS": "1"})
     assert "STALL DONE" in r.stdout, r.stdout
     assert "stall inspector" in r.stdout and "rank 1 is missing grad.late" in r.stdout, r.stdout
 
 
 @pytest.mark.mpi
-def test_shutdown_time_ends_the_job():
+@BUFFERS
+def test_shutdown_time_ends_the_job(buffer):
     t0 = time.time()
-    r = run_python(2, SCRIPT, args=["never"], check=False, timeout=60,
+    r = run_python(2, SCRIPT, args=["never", buffer], check=False, timeout=60,
                    env={"HPCDL_STALL_CHECK_TIME_SECONDS": "1",
                         "HPCDL_STALL_SHUTDOWN_TIME_SECONDS": "2"})
     assert r.returncode != 0
@@ -31,9 +36,10 @@ def test_shutdown_time_ends_the_job():
 
 
 @pytest.mark.mpi
-def test_dead_rank_ends_the_job():
+@BUFFERS
+def test_dead_rank_ends_the_job(buffer):
     t0 = time.time()
-    r = run_python(2, SCRIPT, args=["die"], check=False, timeout=60)
+    r = run_python(2, SCRIPT, args=["die", buffer], check=False, timeout=60)
     assert r.returncode != 0
     # Open MPI names the process that exited as [[job,rank]]
     assert re.search(r"\[\[\d+,\d+\],1\]", r.stdout) or "rank 1" in r.stdout, r.stdout

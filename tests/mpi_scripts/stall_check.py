@@ -6,6 +6,9 @@ argv[1] = "late": rank 1 submits its all-reduce 3 s late (the inspector,
 argv[1] = "never": rank 1 never submits (with
     HPCDL_STALL_SHUTDOWN_TIME_SECONDS set the job must end, non-zero).
 argv[1] = "die": rank 1 exits abruptly while rank 0 waits in a collective.
+argv[2] = "shared" (optional): the all-reduced buffer lives in node shared
+    memory (Communicator.shared_buffer), as DistributedOptimizer's buckets do,
+    so the work-stealing path (src_c/shared.c) is the one that waits.
 """
 import os
 import sys
@@ -17,7 +20,11 @@ from hpcdl import comm
 
 mode = sys.argv[1]
 c = comm.init()
-x = np.arange(1000, dtype=np.float32) + c.rank
+if len(sys.argv) > 2 and sys.argv[2] == "shared":
+    x = np.frombuffer(c.shared_buffer(1000 * 4), dtype=np.float32, count=1000)
+    x[:] = np.arange(1000) + c.rank
+else:
+    x = np.arange(1000, dtype=np.float32) + c.rank
 c.allreduce(x)  # everyone healthy first
 if c.rank == 1:
     if mode == "never":
@@ -28,4 +35,6 @@ if c.rank == 1:
     time.sleep(3)
 h = c.allreduce_async(x, name="grad.late")
 h.wait()
+expect = 2 * (np.arange(1000) * 2 + 1)  # (i + 0) + (i + 1), twice
+assert c.size != 2 or np.array_equal(x, expect), x[:4]
 comm.print0("STALL DONE", x[:2])
