@@ -60,6 +60,8 @@ class Communicator:
         self._ctx = _core.Context(mpi_comm, local_size)
         (self.rank, self.size, self.local_rank, self.local_size,
          self.cross_rank, self.cross_size) = self._ctx.topology()
+        # every node runs the same number of ranks (Horovod's is_homogeneous)
+        self.homogeneous = len(set(mpi_comm.allgather(self.local_size))) == 1
         self.check = os.environ.get("HPCDL_CHECK", "1") != "0"
         self._ctx.set_check(self.check)
         chunk = os.environ.get("HPCDL_CHUNK_BYTES")

@@ -94,6 +94,11 @@ def cross_rank():
     return _handles.world().cross_rank
 
 
+def is_homogeneous():
+    """True when every node runs the same number of ranks (agreed at init)."""
+    return _handles.world().homogeneous
+
+
 def mpi_threads_supported():
     _handles.world()
     return comm.thread_level() == "multiple"

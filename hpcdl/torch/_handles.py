@@ -51,6 +51,16 @@ def register(handles, finish, name):
     return h
 
 
+def combine(handles, name):
+    """One integer handle for several: its result is the list of theirs, in
+    order (the grouped_* calls). The parts are spent."""
+    parts = [_get(h) for h in handles]
+    for h in handles:
+        del _pending[h]
+    comm_handles = [c for p in parts for c in p.handles]
+    return register(comm_handles, lambda: [p.finish() for p in parts], name)
+
+
 def poll(handle):
     """True once the operation behind handle has finished (synchronize won't block)."""
     return all(h.poll() for h in _get(handle).handles)

@@ -5,6 +5,8 @@ hpcdl.comm, with their _async / in-place (_) variants and gradients.
     broadcast:     root_rank's tensor on every rank
     reducescatter: rank r gets rows [r] of (op over ranks of tensor); with
                    n rows and N ranks, the first n % N ranks get one extra row
+    grouped_allgather / grouped_reducescatter: the same for each tensor of a
+                   list, queued together under one handle (Horovod >= 0.26)
 
 Gradients follow Horovod (>= 0.22), which treats the loss as the average of
 the ranks' losses for allgather and broadcast: the gradient of allgather is
@@ -21,7 +23,7 @@ from . import _handles
 from ._basics import Average, comm_op, rank, size
 from ._shapes import check_rows_agree, gather_shapes
 from ._wire import deliver, from_wire, is_direct, owned_wire, scale_, to_wire, wire_shape
-from .allreduce_ops import allreduce, auto_name
+from .allreduce_ops import allreduce, auto_name, grouped_allreduce
 from .compression import Compression, compress
 
 
@@ -162,3 +164,77 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     out = _Reducescatter.apply(sent, auto_name(name, "reducescatter"), op,
                                prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
+
+
+# ------------------------------------------------------------------ grouped
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, *tensors):
+        starts = [_start_allgather(t, "%s.%d" % (name, i)) for i, t in enumerate(tensors)]
+        ctx.shapes, ctx.offsets = [t.shape for t in tensors], [o for _, o in starts]
+        return tuple(_handles.synchronize(_handles.combine([h for h, _ in starts], name)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average)
+        return (None, *[r.narrow(0, off, shape[0] if len(shape) else 1).reshape(shape)
+                        for r, off, shape in zip(reduced, ctx.offsets, ctx.shapes)])
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, *tensors):
+        ctx.shapes, ctx.args = [t.shape for t in tensors], (op, prescale, postscale)
+        return tuple(_handles.synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, prescale, postscale)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, pre, post = ctx.args
+        scale = pre * post / (size() if op == Average else 1)
+        gathered = _handles.synchronize(grouped_allgather_async([g.contiguous()
+                                                                 for g in grads]))
+        return (None, None, None, None,
+                *[(g * scale).reshape(shape) for g, shape in zip(gathered, ctx.shapes)])
+
+
+def _group(tensors, name, kind):
+    if isinstance(tensors, torch.Tensor) or not all(isinstance(t, torch.Tensor)
+                                                    for t in tensors):
+        raise TypeError("%s takes a list of tensors" % kind)
+    return list(tensors), auto_name(name, kind)
+
+
+def grouped_allgather_async(tensors, name=None):
+    """Starts an all-gather of each tensor, all queued at once; the handle's
+    result is the list of gathered tensors."""
+    tensors, name = _group(tensors, name, "grouped_allgather")
+    starts = [_start_allgather(t, "%s.%d" % (name, i))[0] for i, t in enumerate(tensors)]
+    return _handles.combine(starts, name)
+
+
+def grouped_allgather(tensors, name=None):
+    """[allgather(t) for t in tensors], all queued at once. Differentiable."""
+    tensors, name = _group(tensors, name, "grouped_allgather")
+    return list(_GroupedAllgather.apply(name, *tensors))
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    """Starts a reduce-scatter of each tensor, all queued at once; the
+    handle's result is the list of this rank's pieces."""
+    tensors, name = _group(tensors, name, "grouped_reducescatter")
+    starts = [_start_reducescatter(t, "%s.%d" % (name, i), op, prescale_factor,
+                                   postscale_factor) for i, t in enumerate(tensors)]
+    return _handles.combine(starts, name)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """[reducescatter(t, ...) for t in tensors] with the same arguments, all
+    queued at once. Differentiable."""
+    tensors, name = _group(tensors, name, "grouped_reducescatter")
+    sent = [compress(compression, t, "%s.%d" % (name, i)) for i, t in enumerate(tensors)]
+    outs = _GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor,
+                                       *[t for t, _ in sent])
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, sent)]

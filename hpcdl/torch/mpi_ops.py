@@ -11,7 +11,8 @@ import torch
 from ._basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_built, comm_op,
                       cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                       gloo_enabled, handle_average_backwards_compatibility, init,
-                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                      is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
+                      mpi_enabled,
                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from ._handles import poll, synchronize, world
 from .allreduce_ops import (allreduce, allreduce_, allreduce_async, allreduce_async_,
@@ -19,7 +20,9 @@ from .allreduce_ops import (allreduce, allreduce_, allreduce_async, allreduce_as
                             grouped_allreduce_async_)
 from .alltoall_ops import alltoall, alltoall_async
 from .gather_ops import (allgather, allgather_async, broadcast, broadcast_, broadcast_async,
-                         broadcast_async_, reducescatter, reducescatter_async)
+                         broadcast_async_, grouped_allgather, grouped_allgather_async,
+                         grouped_reducescatter, grouped_reducescatter_async, reducescatter,
+                         reducescatter_async)
 
 
 def barrier():
@@ -45,7 +48,8 @@ def join(device=-1):
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
-    "local_rank", "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled",
+    "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_built",
+    "mpi_enabled",
     "gloo_built", "gloo_enabled", "nccl_built", "ddl_built", "ccl_built", "rocm_built",
     "cuda_built", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "handle_average_backwards_compatibility", "comm_op",
@@ -53,5 +57,7 @@ __all__ = [
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "allgather", "allgather_async", "broadcast", "broadcast_",
     "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
-    "reducescatter_async", "poll", "synchronize", "barrier", "join",
+    "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "poll", "synchronize", "barrier",
+    "join",
 ]

@@ -57,6 +57,16 @@ def allgather_and_broadcast_grads():
     rows = [k + 1 for k in range(N)]
     compare("allgather uneven rows", [(n, 3) for n in rows], hvd.allgather,
             lambda xs: [torch.cat(xs)] * N, mean_loss=True)
+
+    def grouped(x):  # two tensors from one input: rows split 1 | rest, second one doubled
+        a, b = hvd.grouped_allgather([x[:1], 2.0 * x[1:]])
+        return torch.cat([a.reshape(-1), b.reshape(-1)])
+
+    def grouped_ref(xs):
+        a, b = torch.cat([x[:1] for x in xs]), torch.cat([2.0 * x[1:] for x in xs])
+        return [torch.cat([a.reshape(-1), b.reshape(-1)])] * N
+    compare("grouped_allgather", [(n + 1, 3) for n in rows], grouped, grouped_ref,
+            mean_loss=True)
     root = 1 % N
     compare("broadcast root %d" % root, [(4, 2)] * N, lambda x: hvd.broadcast(x, root),
             lambda xs: [xs[root] * 1.0] * N, mean_loss=True)
@@ -73,6 +83,16 @@ def reducescatter_grads():
         compare("reducescatter %s" % ("Sum" if op == hvd.Sum else "Average"), [(rows, 3)] * N,
                 lambda x, op=op: hvd.reducescatter(x, op=op, prescale_factor=0.5,
                                                    postscale_factor=2.0), ref)
+
+        def grouped(x, op=op):  # the same rows twice: as they are and tripled
+            a, b = hvd.grouped_reducescatter([x, 3.0 * x], op=op, prescale_factor=0.5,
+                                             postscale_factor=2.0)
+            return torch.cat([a, b])
+
+        def grouped_ref(xs, ref=ref):
+            return [torch.cat([a, 3.0 * a]) for a in ref(xs)]
+        compare("grouped_reducescatter %s" % ("Sum" if op == hvd.Sum else "Average"),
+                [(rows, 3)] * N, grouped, grouped_ref)
 
 
 def alltoall_grads():

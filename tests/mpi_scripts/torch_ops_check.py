@@ -215,6 +215,48 @@ def reducescatter_checks():
     close(hvd.reducescatter(x), full[2 * R:2 * R + 2], "reducescatter default op is Average")
 
 
+def grouped_gather_checks():
+    rows = [k % 3 for k in range(N)]
+    xs = [data(R, (rows[R], 2), torch.float32), data(R + 1, (R + 1,), torch.int64),
+          data(R + 2, (rows[R], 3, 2), torch.float64).to(torch.bfloat16)]
+    want = [torch.cat([data(k, (rows[k], 2), torch.float32) for k in range(N)]),
+            torch.cat([data(k + 1, (k + 1,), torch.int64) for k in range(N)]),
+            torch.cat([data(k + 2, (rows[k], 3, 2), torch.float64).to(torch.bfloat16)
+                       for k in range(N)])]
+    got = hvd.grouped_allgather(xs, name="gg")
+    check(len(got) == 3, "grouped_allgather returns one tensor per input")
+    for i, (g, w) in enumerate(zip(got, want)):
+        close(g, w, "grouped_allgather tensor %d" % i)
+    h = hvd.grouped_allgather_async(xs)
+    for i, (g, w) in enumerate(zip(hvd.synchronize(h), want)):
+        close(g, w, "grouped_allgather_async tensor %d" % i)
+    for op in (hvd.Sum, hvd.Average):
+        shapes = [(2 * N + 1, 3), (N,), (1, 4)]
+        ts = [data(R + i, s, torch.float32) for i, s in enumerate(shapes)]
+        wants = []
+        for i, s in enumerate(shapes):
+            full = sum(data(k + i, s, torch.float64) for k in range(N)) * 0.5 * 3.0
+            full = full / N if op == hvd.Average else full
+            q, extra = divmod(s[0], N)
+            start = R * q + min(R, extra)
+            wants.append(full[start:start + q + (1 if R < extra else 0)].float())
+        got = hvd.grouped_reducescatter(ts, op=op, prescale_factor=0.5, postscale_factor=3.0)
+        for i, (g, w) in enumerate(zip(got, wants)):
+            close(g, w, "grouped_reducescatter %s tensor %d" % (OPS[op], i))
+        h = hvd.grouped_reducescatter_async(ts, op=op, prescale_factor=0.5,
+                                            postscale_factor=3.0)
+        check(isinstance(h, int), "grouped_reducescatter_async returns an integer handle")
+        for i, (g, w) in enumerate(zip(hvd.synchronize(h), wants)):
+            close(g, w, "grouped_reducescatter_async %s tensor %d" % (OPS[op], i))
+    try:
+        hvd.grouped_allgather(torch.zeros(3))
+        check(False, "grouped_allgather of a tensor (not a list) did not raise")
+    except TypeError as e:
+        check("list of tensors" in str(e), "grouped_allgather type error: %s" % e)
+    # one host, or virtual nodes (HPCDL_LOCAL_SIZE must divide the ranks): uniform
+    check(hvd.is_homogeneous() is True, "is_homogeneous on uniform nodes")
+
+
 def mixed_async_in_flight():
     """Many kinds of operations in flight at once, synchronized in reverse order."""
     started = []
@@ -305,7 +347,8 @@ if __name__ == "__main__":
         parts += [allreduce_ops, allreduce_scaling_and_variants, grouped_and_compressed,
                   topk_allreduce]
     if section("gather"):
-        parts += [allgather_checks, broadcast_checks, reducescatter_checks, mixed_async_in_flight,
+        parts += [allgather_checks, broadcast_checks, reducescatter_checks,
+                  grouped_gather_checks, mixed_async_in_flight,
                   join_and_barrier]
     if section("alltoall"):
         parts += [alltoall_checks]
