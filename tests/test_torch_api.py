@@ -29,7 +29,8 @@ HOROVOD_NAMES = """init shutdown is_initialized size local_size cross_size rank 
     broadcast_ broadcast_async broadcast_async_ alltoall alltoall_async reducescatter
     reducescatter_async poll synchronize barrier join broadcast_parameters
     broadcast_optimizer_state broadcast_object allgather_object Compression SyncBatchNorm
-    DistributedOptimizer""".split()
+    DistributedOptimizer is_homogeneous grouped_allgather grouped_allgather_async
+    grouped_reducescatter grouped_reducescatter_async start_timeline stop_timeline""".split()
 
 
 # ---------------------------------------------------------------- one process
