@@ -27,11 +27,14 @@ Times are the fastest of several iterations (a barrier before each, the
 slowest rank's time): other programs on the cores stretch some iterations,
 and the model describes the undisturbed ones.
 
-Check: every implementation returns exactly MPI_Allreduce's sum, and no
-measured time beats its prediction by more than 3x (the model is built from
-the fastest messages this machine can send, so a collective far below it
-means a wrong formula or a wrong calibration). The timing band itself is
-asserted, with retries, in tests/test_sim.py.
+Check: every implementation returns exactly MPI_Allreduce's sum, and
+neither hpcdl's ring nor the parameter server (the two whose code the
+formulas describe) beats its prediction by more than 3x (the model is built
+from the fastest messages this machine can send, so one of them far below it
+means a wrong formula or a wrong calibration). The tree is left out of that
+check: MPI_Reduce and MPI_Bcast pick their own algorithms per size, so the
+tree formula is a shape, not their code. The timing band itself is asserted,
+with retries, in tests/test_sim.py.
 
 Exercise (for the student): add 1 KiB and 16 KiB to SIZES and predict,
 before running, whether the ring's ratio goes up or down there. Then
@@ -226,6 +229,7 @@ if share["ring"] > 1:
 
 assert correct, "an all-reduce implementation returned a wrong sum"
 assert alpha > 0 and beta > 0, (alpha, beta)
-too_fast = [(n, m) for (n, m), p in predicted.items() if measured[n, m] < p / 3]
+too_fast = [(n, m) for (n, m), p in predicted.items()
+            if n != "tree" and measured[n, m] < p / 3]  # tree: MPI's own algorithms
 assert not too_fast, "faster than 1/3 of the prediction: %s" % too_fast
 say("tutorial 07: all checks passed on %d ranks" % size)
