@@ -19,7 +19,7 @@ def job_comm():
         from mpi4py import MPI
         if MPI.Is_initialized() and not MPI.Is_finalized():
             return MPI.COMM_WORLD
-    from ..cli.run import inside_parallel_job
+    from ..utils.launch import inside_parallel_job
     if inside_parallel_job():
         from mpi4py import MPI  # initialises MPI
         return MPI.COMM_WORLD
