@@ -120,7 +120,7 @@ def test_bad_options_fail_before_launching(args, message, capsys, monkeypatch):
 
 def test_dash_n_relaunches_the_same_options_without_n(monkeypatch):
     calls = []
-    monkeypatch.setattr("hpcdl.cli.run.launch", lambda n, cmd, hosts=None:
+    monkeypatch.setattr("hpcdl.cli.run.launch", lambda n, cmd, hosts=None, **launcher:
                         calls.append((n, cmd, hosts)) or 0)
     monkeypatch.setattr("hpcdl.cli.run.inside_parallel_job", lambda: False)
     argv = ["--epochs", "7", "--global-batch", "96", "--hidden", "64,32", "--seed", "5"]

@@ -88,8 +88,8 @@ def test_bad_checkpoints_fail_on_every_rank(tmp_path):
     run_mpi(2, base, timeout=120, check=True)
     good = (ckpt / "checkpoint.pt").read_bytes()
     cases = [  # (how to damage or mismatch, flags of the resuming run, expected message)
-        (good[:len(good) // 2], [], "is unreadable (truncated or corrupted?)"),
-        (b"not a checkpoint at all", [], "is unreadable"),
+        (good[:len(good) // 2], [], "cannot be read (truncated, corrupted or not written"),
+        (b"not a checkpoint at all", [], "is not a checkpoint (not a file torch.save wrote)"),
         (good, ["--hidden", "64"], "run with --hidden 32, this run has 64"),
         (good, ["--global-batch", "32"], "--global-batch 64, this run has 32"),
     ]
@@ -98,8 +98,12 @@ def test_bad_checkpoints_fail_on_every_rank(tmp_path):
         bad.write_bytes(data)
         r = run_mpi(2, base + ["--resume", str(bad)] + flags, timeout=120)
         assert r.returncode != 0, r.stdout
-        assert r.stdout.count("hpcdl: error: checkpoint %s" % bad) == 2, r.stdout  # both ranks
-        assert message in r.stdout, (message, r.stdout)
+        errors = [l for l in r.stdout.splitlines() if l.startswith("hpcdl: error: ")]
+        if data.startswith(b"PK"):  # a zip: read collectively, every rank says so
+            assert len(errors) == 2 and all(str(bad) in l for l in errors), r.stdout
+        else:  # caught before MPI starts; mpirun may end the other rank first
+            assert 1 <= len(errors) <= 2, r.stdout
+        assert all(message in l for l in errors), (message, r.stdout)
 
 
 def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):

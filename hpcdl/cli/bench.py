@@ -103,7 +103,8 @@ def run_allreduce(args):
     opts = allreduce_options(args)
     from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
-        return launcher.launch(args.n, allreduce_argv(args), hosts=args.hosts)
+        return launcher.launch(args.n, allreduce_argv(args),
+                               **launcher.launch_options(args))
     from ..bench import allreduce
     return _abort_on_error(allreduce.run, opts)
 
@@ -150,7 +151,7 @@ def run_train(args):
                 "--batch", str(args.batch), "--threads", str(args.threads),
                 "--repeats", str(args.repeats)]
         argv += ["--json", args.json] if args.json else []
-        return launcher.launch(args.n, argv, hosts=args.hosts)
+        return launcher.launch(args.n, argv, **launcher.launch_options(args))
     from ..bench import train
     opts = train.Options(model=args.model, steps=args.steps, warmup=args.warmup,
                          batch=args.batch, threads=args.threads, repeats=args.repeats,

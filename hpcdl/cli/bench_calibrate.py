@@ -76,7 +76,8 @@ def run_calibrate(args):
     opts = calibrate_options(args)
     from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
-        return launcher.launch(args.n, calibrate_argv(args), hosts=args.hosts)
+        return launcher.launch(args.n, calibrate_argv(args),
+                               **launcher.launch_options(args))
     from mpi4py import MPI
     from ..sim import calibrate
     try:  # a single rank (no -n, or mpirun -n 1) has nobody to send to

@@ -73,7 +73,7 @@ def run(args):
                      "json"):
             value = getattr(args, flag)
             argv += ["--" + flag.replace("_", "-"), str(value)] if value is not None else []
-        return launcher.launch(args.n, argv, hosts=args.hosts)
+        return launcher.launch(args.n, argv, **launcher.launch_options(args))
     from ..bench import data
     from .bench import _abort_on_error
     return _abort_on_error(data.run, opts)

@@ -78,7 +78,8 @@ def run_shard(args):
         raise UsageError(str(e))
     from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
-        return launcher.launch(args.n, _shard_argv(args), hosts=args.hosts)
+        return launcher.launch(args.n, _shard_argv(args),
+                               **launcher.launch_options(args))
     from ..data import DataError, _mpi, sources
     comm = _mpi.job_comm()
     names = args.class_names.split(",") if args.class_names else None
@@ -150,7 +151,8 @@ def run_verify(args):
     from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         return launcher.launch(args.n, [sys.executable, "-m", "hpcdl", "data", "verify",
-                                        args.directory], hosts=args.hosts)
+                                        args.directory],
+                               **launcher.launch_options(args))
     from ..data import DataError, _mpi, verify
     comm = _mpi.job_comm()
     try:

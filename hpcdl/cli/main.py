@@ -2,10 +2,13 @@
 
 Each subcommand lives in its own module with register(subparsers), which adds
 a parser whose default `func(args) -> int` runs it. Errors a user can fix are
-raised as UsageError and printed as one line, with a non-zero exit.
+raised as UsageError and printed as one line per problem ('hpcdl: error: ...',
+all in one write, so ranks' lines never interleave), with exit status 2. A
+bad option shows the usage of the (sub)command it was given to.
 """
 import argparse
 import importlib
+import os
 import sys
 
 from .._version import __version__
@@ -14,7 +17,33 @@ SUBCOMMANDS = ["info", "run", "train", "bench", "data", "slurm", "sim"]
 
 
 class UsageError(Exception):
-    """Something the user can fix: printed as 'hpcdl: error: ...', exit 2."""
+    """Something the user can fix: printed as 'hpcdl: error: ...', exit 2.
+    A message of several lines is several problems, one line each."""
+
+
+def print_errors(lines, prefix="hpcdl: error: "):
+    """Writes prefix + line for each line to stderr in ONE write(2) call: under
+    mpirun every rank's stderr goes to one stream, and lines written piecewise
+    by two ranks can run together."""
+    text = "".join("%s%s\n" % (prefix, line) for line in lines)
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream in memory (tests)
+        sys.stderr.write(text)
+        return
+    sys.stderr.flush()
+    os.write(fd, text.encode("utf-8", "replace"))
+
+
+def chosen_parser(parser, args):
+    """The innermost (sub)parser that args were parsed by (`hpcdl bench
+    allreduce` -> allreduce's parser), for its usage line."""
+    while True:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, actions[0].dest, None) if actions else None
+        if name not in (actions[0].choices if actions else ()):
+            return parser
+        parser = actions[0].choices[name]
 
 
 def build_parser():
@@ -38,14 +67,16 @@ def build_parser():
 
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would show the top-level usage; show the subcommand's
+        chosen_parser(parser, args).error("unrecognized arguments: %s" % " ".join(extra))
     if not getattr(args, "func", None):
-        parser.print_help()
+        chosen_parser(parser, args).print_help()
         return 2
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
-        print("hpcdl: error: %s" % e, file=sys.stderr, flush=True)
+        print_errors(str(e).splitlines() or ["(no message)"])
         return 2
     except KeyboardInterrupt:
         print("hpcdl: interrupted", file=sys.stderr)

@@ -8,14 +8,18 @@ job or Slurm step, run CMD directly. Exit codes are forwarded.
     an sbatch script / salloc     srun --mpi=pmix --ntasks=N (mpirun if srun has no pmix)
     a rank (srun step, mpirun)    nobody: CMD runs directly, once
 """
+import argparse
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 
+from ..utils import rankenv
 from ..utils.launch import (MPI_ENV_VARS, allocation_tasks,  # noqa: F401 (re-exported)
                             inside_parallel_job, inside_slurm_allocation)
+from ..utils.mpi_info import core_launcher, launcher_flavour, launcher_mismatch
+from ..utils.rankenv import torchrun_env
 from .main import UsageError
 
 
@@ -49,27 +53,24 @@ def srun_command(n, cmd):
 
 
 def find_launcher():
-    """(path, flavour) of the MPI launcher: $HPCDL_MPIRUN, mpirun or mpiexec."""
-    for name in (os.environ.get("HPCDL_MPIRUN"), "mpirun", "mpiexec"):
+    """(path, flavour) of the MPI launcher: $HPCDL_MPIRUN; else the mpiexec of
+    the MPI the core was built against (beside its wrapper: mpiexec.mpich for
+    mpicc.mpich); else mpirun or mpiexec on PATH, if of the core's MPI."""
+    chosen = os.environ.get("HPCDL_MPIRUN")
+    own = None if chosen else core_launcher()
+    if own:
+        return own
+    for name in (chosen, "mpirun", "mpiexec"):
         path = name and shutil.which(name)
         if path:
-            return path, launcher_flavour(path)
+            flavour = launcher_flavour(path)
+            problem = None if chosen else launcher_mismatch(path, flavour)
+            if problem:
+                raise UsageError(problem)
+            return path, flavour
     raise UsageError("no MPI launcher (mpirun or mpiexec) on PATH. Install MPI "
                      "(Debian: apt-get install openmpi-bin libopenmpi-dev; clusters: "
                      "module load openmpi) or set HPCDL_MPIRUN")
-
-
-def launcher_flavour(path):
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
-        text = out.stdout + out.stderr
-    except (OSError, subprocess.TimeoutExpired):
-        text = ""
-    if "Open MPI" in text or "OpenRTE" in text:
-        return "openmpi"
-    if "HYDRA" in text or "MPICH" in text or "Intel" in text:
-        return "mpich"
-    return "unknown"
 
 
 def parse_hosts(hosts):
@@ -83,8 +84,10 @@ def parse_hosts(hosts):
     return out
 
 
-def mpirun_command(n, cmd, hosts=None, launcher=None):
-    """The launcher command line for n ranks of cmd (a list of strings)."""
+def mpirun_command(n, cmd, hosts=None, launcher=None, mpi_args=None, export=()):
+    """The launcher command line for n ranks of cmd (a list of strings), with
+    mpi_args (a string, split as a shell would) and export (VAR or VAR=VALUE
+    names for every rank) passed on to the launcher."""
     if n < 1:
         raise UsageError("-n must be at least 1 (got %d)" % n)
     path, flavour = launcher or find_launcher()
@@ -101,28 +104,99 @@ def mpirun_command(n, cmd, hosts=None, launcher=None):
             line += ["--host", ",".join("%s:%d" % h for h in host_list)]
     elif host_list:  # MPICH hydra
         line += ["-hosts", ",".join("%s:%d" % h for h in host_list)]
-    return line + list(cmd)
+    return line + export_flags(flavour, export) + split_mpi_args(mpi_args) + list(cmd)
 
 
-def launch(n, cmd, hosts=None):
+def export_flags(flavour, export):
+    """Launcher options that pass the variables named in export to remote ranks
+    too (local ranks inherit hpcdl's environment, which exported_env fills)."""
+    names = [v.partition("=")[0] for v in export]
+    if not names:
+        return []
+    if flavour == "mpich":
+        return ["-genvlist", ",".join(names)]
+    if flavour == "srun":
+        return ["--export=ALL"]  # srun's default, said explicitly
+    return [w for name in names for w in ("-x", name)]  # Open MPI (and unknown: its syntax)
+
+
+def split_mpi_args(text):
+    try:
+        return shlex.split(text or "")
+    except ValueError as e:
+        raise UsageError("--mpi-args %r: %s" % (text, e))
+
+
+def exported_env(export):
+    """os.environ plus the VAR=VALUE items of export; UsageError for a VAR
+    that is neither set nor given a value."""
+    env = dict(os.environ)
+    for item in export:
+        name, eq, value = item.partition("=")
+        if not name or not (name[0].isalpha() or name[0] == "_") or \
+                not all(c.isalnum() or c == "_" for c in name):
+            raise UsageError("-x %s: give VAR or VAR=VALUE" % item)
+        if eq:
+            env[name] = value
+        elif name not in env:
+            raise UsageError("-x %s: %s is not set here; give -x %s=VALUE" % (item, name, name))
+    return env
+
+
+def resolve_command(cmd, check_path=True):
+    """(cmd, note): `python` / `python3` become the interpreter hpcdl runs in
+    (so the ranks see the same packages without activating its venv), and,
+    with check_path (ranks on this host), a command missing from PATH here is
+    a UsageError before any rank starts."""
+    if cmd[0] in ("python", "python3"):
+        return [sys.executable] + list(cmd[1:]), "  (%s = %s, hpcdl's interpreter)" % (
+            cmd[0], sys.executable)
+    if check_path and shutil.which(cmd[0]) is None:
+        why = ("not found" if not os.path.exists(cmd[0]) else "not executable") \
+            if os.sep in cmd[0] else "not found on PATH"
+        raise UsageError("%s could not be started: %s" % (cmd[0], why))
+    return list(cmd), ""
+
+
+def failure(cmd, rc):
+    """The sentence for a launch that ended with status rc."""
+    what = shlex.join(cmd)
+    if rc in (126, 127):  # rankenv.py's exec failed (its lines above), as a shell reports it
+        return ("%s exited with status %d: it could not be started (%s on the ranks), or a "
+                "command it ran could not" % (cmd[0], rc, "not found on PATH" if rc == 127
+                                               else "not executable"))
+    if rc == 134:
+        return ("%s exited with status 134: mpirun could not start the ranks (see its "
+                "message above), or a rank aborted (SIGABRT)" % what)
+    return "%s exited with status %d on at least one rank" % (what, rc)
+
+
+def launch(n, cmd, hosts=None, mpi_args=None, export=()):
     """Starts cmd on n ranks (or directly inside a job); returns its exit code.
-    n None: every task of the Slurm allocation, else 1."""
+    n None: every task of the Slurm allocation, else 1. Every rank starts as
+    rankenv.py (torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE from
+    the launcher's variables), which execs cmd."""
     if not cmd:
         raise UsageError("no command given; usage: hpcdl run -n N -- CMD ...")
+    cmd, note = resolve_command(cmd, check_path=not hosts)
+    env = exported_env(export)
     if inside_parallel_job():
         print("hpcdl run: already inside an MPI/Slurm job; running %s directly"
               % shlex.join(cmd), file=sys.stderr, flush=True)
-        return _run(cmd)
+        return _run(cmd, dict(env, **torchrun_env(env)))
+    ranks_cmd = [sys.executable, "-I", "-S", rankenv.__file__] + cmd
     line = None
     if inside_slurm_allocation() and not hosts:
         n = _allocation_ranks(n)
-        line = srun_command(n, cmd)
-    line = line or mpirun_command(1 if n is None else n, cmd, hosts)
-    print("hpcdl run: " + shlex.join(line), file=sys.stderr, flush=True)
-    rc = _run(line)
+        line = srun_command(n, ranks_cmd)
+        if line:
+            line[1:1] = export_flags("srun", export) + split_mpi_args(mpi_args)
+    line = line or mpirun_command(1 if n is None else n, ranks_cmd, hosts,
+                                  mpi_args=mpi_args, export=export)
+    print("hpcdl run: " + shlex.join(line) + note, file=sys.stderr, flush=True)
+    rc = _run(line, env)
     if rc != 0:
-        print("hpcdl run: %s exited with status %d on at least one rank"
-              % (shlex.join(cmd), rc), file=sys.stderr, flush=True)
+        print("hpcdl run: " + failure(cmd, rc), file=sys.stderr, flush=True)
     return rc
 
 
@@ -140,19 +214,31 @@ def _allocation_ranks(n):
     return n
 
 
-def _run(line):
+def _run(line, env=None):
     try:
-        return subprocess.run(line).returncode
+        return subprocess.run(line, env=env).returncode
     except FileNotFoundError:
-        raise UsageError("command not found: %s" % line[0])
+        raise UsageError("%s could not be started: not found" % line[0])
 
 
-def add_launch_args(parser):
-    """-n / -H for commands that relaunch themselves on ranks (train, bench)."""
-    parser.add_argument("-n", "--np", dest="n", type=int, default=None,
-                        help="ranks to start through mpirun (ignored inside an MPI or "
-                             "Slurm job, which gives the ranks)")
+def add_launch_args(parser, ranks_help=None):
+    """-n/-np, -H, --mpi-args, -x: how hpcdl starts the ranks (run, and the
+    commands that relaunch themselves on ranks: train, bench, data)."""
+    parser.add_argument("-n", "-np", "--np", dest="n", type=int, default=None,
+                        help=ranks_help or "ranks to start through mpirun (ignored inside "
+                                           "an MPI or Slurm job, which gives the ranks)")
     parser.add_argument("-H", "--hosts", default=None, help="host:slots,... for -n")
+    parser.add_argument("--mpi-args", default=None, metavar="'OPTS'",
+                        help="more options for mpirun (or srun), one quoted string, e.g. "
+                             "--mpi-args='--map-by socket' (Horovod's --mpi-args)")
+    parser.add_argument("-x", dest="export", action="append", default=[],
+                        metavar="VAR[=VALUE]", help="pass VAR (set to VALUE) to every rank, "
+                                                    "as mpirun -x does (repeatable)")
+
+
+def launch_options(args):
+    """launch()'s keyword arguments from the options add_launch_args added."""
+    return dict(hosts=args.hosts, mpi_args=args.mpi_args, export=args.export)
 
 
 def register(sub):
@@ -164,12 +250,16 @@ def register(sub):
                     "root. In an sbatch script or salloc shell, starts them with srun "
                     "--mpi=pmix ($HPCDL_SRUN_MPI) in the allocation (mpirun if srun lacks "
                     "the plugin). Inside an existing MPI job or Slurm step, runs CMD "
-                    "directly.",
-        epilog="example: hpcdl run -n 4 -- python -c \"from hpcdl import comm; comm.init(); "
-               "print(comm.rank(), comm.size())\"")
-    p.add_argument("-n", "--np", dest="n", type=int, default=None,
-                   help="number of ranks (default: every task of the Slurm allocation "
-                        "inside one, else 1)")
-    p.add_argument("-H", "--hosts", default=None, help="host:slots,... (default: this host)")
+                    "directly. CMD python or python3 runs the interpreter hpcdl itself runs "
+                    "in (no venv to activate). Each rank gets torchrun's RANK, LOCAL_RANK, "
+                    "WORLD_SIZE and LOCAL_WORLD_SIZE (from the launcher; the same numbers "
+                    "as hpcdl.comm's rank, local_rank, size, local_size).",
+        epilog="examples:\n  hpcdl run -n 4 -- python -c \"from hpcdl import comm; "
+               "comm.init(); print(comm.rank(), comm.size())\"\n"
+               "  hpcdl run -np 4 -x OMP_NUM_THREADS=1 --mpi-args='--map-by core' -- "
+               "python train.py",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_launch_args(p, ranks_help="number of ranks (default: every task of the Slurm "
+                                  "allocation inside one, else 1)")
     p.add_argument("cmd", nargs="+", metavar="CMD", help="the command (after --)")
-    p.set_defaults(func=lambda a: launch(a.n, a.cmd, a.hosts))
+    p.set_defaults(func=lambda a: launch(a.n, a.cmd, **launch_options(a)))

@@ -3,17 +3,22 @@ or parameter-server modes), configured by flags and an optional config file.
 
     hpcdl train -n 4                        # relaunches itself on 4 ranks through mpirun
     mpirun -n 4 hpcdl train                 # or srun: trains on the ranks it was given
-    hpcdl train -n 4 --config configs/digits-large-batch-lars.yaml --out runs/lars
+    hpcdl train -n 4 --config configs/digits-large-lars.yaml --out runs/lars
 
 With -n outside an MPI or Slurm job step, the command starts
 `python -m hpcdl train ...` on N ranks (the same options, without -n) and
 returns its exit code; otherwise it trains in this process and its peers.
+Every setting and path (--out, --checkpoint-dir, --resume, --data, --stage-to)
+is checked before anything starts: in the launching shell, then on every rank
+before its first collective (train/validate.py); each problem is one line
+'hpcdl: error: ...' and the status is 2.
 """
 import argparse
 import sys
 
 from ..train.config import (LR_SCALING, MODES, OPTIMIZERS, PRECISIONS, SCHEDULES,
                             TRAIN_MODELS, ConfigError, TrainConfig, load_file)
+from ..utils.rankenv import torchrun_env
 from .main import UsageError
 from .run import add_launch_args
 
@@ -60,7 +65,7 @@ OPTIONS = (
 EPILOG = """\
 examples:
   hpcdl train -n 4 --epochs 30 --global-batch 128 --out runs/digits
-  hpcdl train -n 4 --config configs/digits-large-batch-lars.yaml
+  hpcdl train -n 4 --config configs/digits-large-lars.yaml
   hpcdl train -n 2 --model resnet18 --data synthetic:3x32x32:10:2048 --precision bf16
 
 checkpoints: with --checkpoint-dir, checkpoint.pt is replaced atomically every
@@ -72,12 +77,18 @@ PATH from that file. A resumed run ends with the parameters of a run that was
 never stopped."""
 
 
-def _ints(text):
-    try:
-        return tuple(int(w) for w in text.split(",") if w.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r: give comma-separated integers like 256,128"
-                                         % text)
+def _ints(example):
+    """The parser of a comma-separated integer flag; its error shows example."""
+    def parse(text):
+        try:
+            return tuple(int(w) for w in text.split(",") if w.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r: give comma-separated integers like %s"
+                                             % (text, example))
+    return parse
+
+
+INT_EXAMPLES = {"hidden": "256,128", "milestones": "10,20"}
 
 
 def register(sub):
@@ -95,7 +106,8 @@ def register(sub):
     for flag, name, kind, text in OPTIONS:
         default = getattr(TrainConfig, name)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        p.add_argument(flag, dest=name, type=_ints if kind == "ints" else kind,
+        p.add_argument(flag, dest=name, type=_ints(INT_EXAMPLES[name]) if kind == "ints"
+                       else kind,
                        default=argparse.SUPPRESS, help="%s (default: %s)" % (text, shown))
     p.add_argument("--resume", nargs="?", const="auto", default=argparse.SUPPRESS,
                    metavar="PATH", help="continue from a checkpoint (default: "
@@ -133,12 +145,13 @@ def run(args):
         cfg = config_from_args(args)
     except ConfigError as e:
         raise UsageError(str(e))
-    from .run import default_ranks, inside_parallel_job, launch
+    from .run import default_ranks, inside_parallel_job, launch, launch_options
     n = default_ranks(args.n)  # no -n in an sbatch script: the allocation's tasks
     if n is not None and not inside_parallel_job():
-        _check(cfg, n)  # fail once here rather than once per rank
+        _check(cfg, n)  # fail once here, in one line per problem, rather than per rank
         cmd = [sys.executable, "-m", "hpcdl", "train"] + forwarded_args(args)
-        return launch(n, cmd, args.hosts)
+        return launch(n, cmd, **launch_options(args))
+    _check(cfg, None, on_rank=True)  # before MPI starts: this rank's node may see other files
     from .. import comm, train
     if args.n is not None and args.n != comm.size():
         comm.warn("-n %d ignored: this job has %d rank(s)" % (args.n, comm.size()))
@@ -149,8 +162,20 @@ def run(args):
     return 0
 
 
-def _check(cfg, size):
-    try:
-        cfg.check(size)
-    except ConfigError as e:
-        raise UsageError(str(e))
+def _check(cfg, size, on_rank=False):
+    """UsageError naming every problem of cfg, one line each: its paths
+    (validate.problems) and, given the rank count size, its values. on_rank:
+    the lines start with the launcher's rank."""
+    from ..train import validate
+    lines = []
+    if size is not None:
+        try:
+            cfg.check(size)
+        except ConfigError as e:
+            lines.append(str(e))
+    lines += [p for p in validate.problems(cfg) if p not in lines]
+    if lines and on_rank and torchrun_env():
+        rank = torchrun_env().get("RANK", "?")  # the launcher's: MPI is not up yet
+        lines = ["[rank %s] %s" % (rank, line) for line in lines]
+    if lines:
+        raise UsageError("\n".join(lines))

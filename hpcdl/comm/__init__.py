@@ -38,6 +38,8 @@ def init(comm=None, local_size=None):
     global _world, _thread_level
     if _world is not None and comm is None:
         return _world
+    from ..utils import horovod_env, rankenv  # HOROVOD_* settings; torchrun's names
+    horovod_env.apply(say=warn if env_rank() == 0 else None)
     import mpi4py
     if "mpi4py.MPI" not in __import__("sys").modules:
         mpi4py.rc.thread_level = "multiple"  # the engine thread calls MPI too
@@ -49,6 +51,10 @@ def init(comm=None, local_size=None):
         {MPI.THREAD_SINGLE: 0, MPI.THREAD_FUNNELED: 1, MPI.THREAD_SERIALIZED: 2,
          MPI.THREAD_MULTIPLE: 3}.get(provided, 0))
     _world = Communicator(comm if comm is not None else MPI.COMM_WORLD, local_size)
+    disagree = comm is None and local_size is None and rankenv.disagreement(
+        os.environ, _world.rank, _world.size, _world.local_rank, _world.local_size)
+    if disagree:
+        warn(disagree)
     if _world.size > 1 and os.environ.get("HPCDL_ABORT_ON_EXCEPTION", "1") != "0":
         sys.excepthook = _abort_on_exception
     atexit.register(_shutdown_at_exit)

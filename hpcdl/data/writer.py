@@ -24,6 +24,7 @@ from .. import __version__
 from . import _mpi
 from .manifest import (FIELDS, FORMAT, FORMAT_VERSION, MANIFEST, DataError, block_digests,
                        shard_name, write_manifest)
+from .split import stratified_split  # the trainer's digits split too
 
 COMPRESSIONS = ("gzip", "lzf", "none")
 CHUNK_TARGET_BYTES = 1 << 20   # auto chunk_rows aims at ~1 MiB chunks
@@ -74,17 +75,6 @@ def split_and_shuffle(source, opts):
         rng = np.random.default_rng([opts.seed, k])
         plan[name] = (part, idx[rng.permutation(len(idx))])
     return plan
-
-
-def stratified_split(y, fraction, seed):
-    """(train, val) index arrays: about `fraction` of every class goes to val."""
-    rng = np.random.default_rng([seed, 99])
-    val = []
-    for c in np.unique(y):
-        members = np.flatnonzero(y == c)
-        val.append(rng.permutation(members)[:int(round(fraction * len(members)))])
-    val = np.sort(np.concatenate(val))
-    return np.setdiff1d(np.arange(len(y)), val), val
 
 
 def auto_chunk_rows(sample_shape, dtype, encoding):

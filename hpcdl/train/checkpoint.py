@@ -66,8 +66,8 @@ def load(path, cfg, model):
     except FileNotFoundError:
         error = "checkpoint %s does not exist" % path
     except Exception as e:  # torch/zip/pickle errors of a damaged file
-        error = ("checkpoint %s is unreadable (truncated or corrupted?): %s. Delete it or "
-                 "resume from another checkpoint" % (path, str(e).splitlines()[0]))
+        error = ("checkpoint %s cannot be read (truncated, corrupted or not written by hpcdl "
+                 "train; %s); delete it or resume from another" % (path, type(e).__name__))
     _raise_if_any(error)
     return state
 

@@ -83,7 +83,8 @@ class TrainConfig:
         if self.base_lr <= 0:
             raise ConfigError("--base-lr is %g; give a positive learning rate" % self.base_lr)
         self._check_ps(size)
-        if self.global_batch < 1 or self.global_batch % self._workers(size):
+        _positive("--global-batch", self.global_batch)
+        if self.global_batch % self._workers(size):
             raise ConfigError("global batch %d does not divide evenly by %d %s; pick a "
                               "--global-batch that is a multiple of %d"
                               % (self.global_batch, self._workers(size),

@@ -104,10 +104,10 @@ def _load_digits(seed, test_fraction):
     # scikit-learn ships the 1,797 8x8 digit images: nothing to download
     import torch
     from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from ..data.split import stratified_split  # as `hpcdl data shard --val-fraction`
     x, y = load_digits(return_X_y=True)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        x, y, test_size=test_fraction, random_state=seed, stratify=y)
+    train, test = stratified_split(y, test_fraction, seed)
+    x_tr, x_te, y_tr, y_te = x[train], x[test], y[train], y[test]
     # pixels are 0..16; standardise each with the training set's statistics
     # only (the test set stays unseen); always-blank pixels keep std 1
     mean, std = x_tr.mean(axis=0), x_tr.std(axis=0)
