@@ -13,7 +13,7 @@ import sys
 
 from .._version import __version__
 
-SUBCOMMANDS = ["info", "run", "train", "bench", "data", "slurm", "sim"]
+SUBCOMMANDS = ["info", "run", "train", "bench", "data", "slurm", "sim", "vcluster"]
 
 
 class UsageError(Exception):

@@ -1,0 +1,91 @@
+"""agent.py - MPI across the hosts of a vcluster. `up` writes a launch agent,
+a shell script `AGENT HOST CMD...` that runs CMD inside HOST as ssh would
+(the words joined, run by sh); `exec` sets Open MPI's parameters so that a
+plain `mpirun -H node1:2,node2:2` (or `hpcdl run -H`) inside a host starts its
+daemons through the agent and moves bytes over the hosts' subnet only:
+
+    OMPI_MCA_plm_rsh_agent      the agent (instead of ssh)
+    OMPI_MCA_oob_tcp_if_include, OMPI_MCA_btl_tcp_if_include   10.213.0.0/24
+    OMPI_MCA_btl                self,vader,tcp: shared memory between the ranks
+                                of one host, TCP between hosts (each host's
+                                /dev/shm is its own, so vader cannot cross)
+    OMPI_MCA_oob_tcp_keepalive_* a lost host (link down) is noticed in ~11 s
+
+On a real cluster the same commands run with ssh as the agent (or srun)."""
+import os
+import shlex
+
+from . import net, state
+from .errors import VclusterError
+
+AGENT_NAME = "agent"
+
+_AGENT = """#!/bin/sh
+# hpcdl vcluster launch agent (written by `hpcdl vcluster up`): AGENT HOST CMD...
+# runs CMD inside HOST's namespaces, its words joined and run by sh, as ssh would.
+while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
+host=$1; shift
+case "$host" in
+{cases}
+  *) echo "hpcdl vcluster agent: no host '$host' in this vcluster (hosts: {names})" >&2
+     exit 255 ;;
+esac
+exec {enter} sh -c "$*"
+"""
+
+
+def write_agent(st):
+    """Writes the agent for the hosts in st (their holder pids); returns its path."""
+    cases = "\n".join("  %s) pid=%d ;;" % (h["name"], h["holder"]) for h in st["hosts"])
+    enter = " ".join(shlex.quote(a) for a in
+                     ["nsenter", "-t", "$pid", "--net", "--uts", "--ipc", "--mount", "--"])
+    text = _AGENT.format(cases=cases, names=" ".join(h["name"] for h in st["hosts"]),
+                         enter=enter.replace("'$pid'", '"$pid"'))
+    path = state.path(AGENT_NAME)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+def mpi_env(agent):
+    """Open MPI (and MPICH hydra) parameters for launches across the hosts."""
+    return {
+        "OMPI_MCA_plm_rsh_agent": agent,
+        "OMPI_MCA_oob_tcp_if_include": net.SUBNET,
+        "OMPI_MCA_btl_tcp_if_include": net.SUBNET,
+        "OMPI_MCA_btl": "self,vader,tcp",
+        "OMPI_MCA_oob_tcp_keepalive_time": "5",
+        "OMPI_MCA_oob_tcp_keepalive_intvl": "2",
+        "OMPI_MCA_oob_tcp_keepalive_probes": "3",
+        "HYDRA_LAUNCHER": "rsh",
+        "HYDRA_LAUNCHER_EXEC": agent,
+    }
+
+
+def host_env(st, host, base=None):
+    """The environment of a command run in host: the caller's, plus the MPI
+    parameters, plus HPCDL_VCLUSTER (the state folder) and HPCDL_VCLUSTER_HOST."""
+    env = dict(os.environ if base is None else base)
+    env.pop("HOSTNAME", None)  # the caller's; the host's own comes from uname
+    env.update(mpi_env(state.path(AGENT_NAME)))
+    env["HPCDL_VCLUSTER"] = state.state_dir()
+    env["HPCDL_VCLUSTER_HOST"] = host
+    if st.get("link"):
+        env["HPCDL_VCLUSTER_LINK"] = st["link"]
+    return env
+
+
+def check_launch_hosts(host_list):
+    """Inside a vcluster host (HPCDL_VCLUSTER set by exec): VclusterError if
+    a host of a launch (`-H a:2,b:2` as [(name, slots)]) is not one of its
+    hosts. Outside a vcluster: nothing (names are the launcher's business)."""
+    if not host_list or not os.environ.get("HPCDL_VCLUSTER"):
+        return
+    st = state.load()
+    names = [h["name"] for h in st["hosts"]] if st else []
+    unknown = [name for name, _ in host_list if name not in names]
+    if unknown:
+        raise VclusterError("-H names %s, not a host of this vcluster (hosts: %s); "
+                            "use those names or `hpcdl vcluster up --hosts N` for more"
+                            % (", ".join(unknown), ", ".join(names) or "none: it is down"))

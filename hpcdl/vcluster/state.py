@@ -1,0 +1,56 @@
+"""state.py - the record of one vcluster: a JSON file in the state folder
+listing every thing `up` made, appended before each thing is made, so that
+`down` can undo exactly those things in reverse order, even when `up` failed
+half-way. Also the folder's layout (one folder per host for its scratch)."""
+import json
+import os
+
+# one vcluster per machine; the folder must not be under /tmp (hosts get their own)
+DEFAULT_DIR = "/run/hpcdl-vcluster"
+STATE_FILE = "state.json"
+
+
+def state_dir():
+    """The state folder: $HPCDL_VCLUSTER_DIR or /run/hpcdl-vcluster."""
+    return os.environ.get("HPCDL_VCLUSTER_DIR") or DEFAULT_DIR
+
+
+def path(*parts):
+    return os.path.join(state_dir(), *parts)
+
+
+def load():
+    """The state dict, or None when no vcluster is up."""
+    try:
+        with open(path(STATE_FILE)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def save(st):
+    """Writes the state atomically (a reader never sees half a file)."""
+    os.makedirs(state_dir(), exist_ok=True)
+    tmp = path(STATE_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(st, f, indent=1)
+    os.replace(tmp, path(STATE_FILE))
+
+
+def record(st, kind, **what):
+    """Appends one made thing ({'kind': kind, ...}) and saves: called BEFORE
+    the thing is made, so a crash in between leaves a record that down can
+    try to undo (undoing something that does not exist is not an error)."""
+    item = dict(kind=kind, **what)
+    st["made"].append(item)
+    save(st)
+    return item
+
+
+def remove():
+    """Removes the state file (the last step of down)."""
+    for name in (STATE_FILE, STATE_FILE + ".tmp"):
+        try:
+            os.unlink(path(name))
+        except FileNotFoundError:
+            pass
