@@ -20,6 +20,7 @@ from ..utils.launch import (MPI_ENV_VARS, allocation_tasks,  # noqa: F401 (re-ex
                             inside_parallel_job, inside_slurm_allocation)
 from ..utils.mpi_info import core_launcher, launcher_flavour, launcher_mismatch
 from ..utils.rankenv import torchrun_env
+from ..vcluster.agent import launch_hosts_problem
 from .main import UsageError
 
 
@@ -81,6 +82,9 @@ def parse_hosts(hosts):
         if not name or (slots and not slots.isdigit()) or slots == "0":
             raise UsageError("bad host entry %r in -H; use host:slots,host:slots" % item)
         out.append((name, int(slots) if slots else 1))
+    problem = launch_hosts_problem(out)  # inside `hpcdl vcluster exec`: its hosts only
+    if problem:
+        raise UsageError(problem)
     return out
 
 

@@ -20,4 +20,4 @@ hpcdl/cli/vcluster.py.
 from .cluster import down, holder_of, status, up  # noqa: F401
 from .errors import VclusterError  # noqa: F401
 from .hostns import exec_host  # noqa: F401
-from .agent import check_launch_hosts  # noqa: F401
+from .agent import launch_hosts_problem  # noqa: F401

@@ -16,7 +16,6 @@ import os
 import shlex
 
 from . import net, state
-from .errors import VclusterError
 
 AGENT_NAME = "agent"
 
@@ -76,16 +75,18 @@ def host_env(st, host, base=None):
     return env
 
 
-def check_launch_hosts(host_list):
-    """Inside a vcluster host (HPCDL_VCLUSTER set by exec): VclusterError if
-    a host of a launch (`-H a:2,b:2` as [(name, slots)]) is not one of its
-    hosts. Outside a vcluster: nothing (names are the launcher's business)."""
+def launch_hosts_problem(host_list):
+    """Inside a vcluster host (HPCDL_VCLUSTER set by exec): a one-line message
+    if a host of a launch (`-H a:2,b:2` as [(name, slots)]) is not one of its
+    hosts, else None. Outside a vcluster: None (names are the launcher's
+    business; looking them up could reach a name server)."""
     if not host_list or not os.environ.get("HPCDL_VCLUSTER"):
-        return
+        return None
     st = state.load()
     names = [h["name"] for h in st["hosts"]] if st else []
     unknown = [name for name, _ in host_list if name not in names]
-    if unknown:
-        raise VclusterError("-H names %s, not a host of this vcluster (hosts: %s); "
-                            "use those names or `hpcdl vcluster up --hosts N` for more"
-                            % (", ".join(unknown), ", ".join(names) or "none: it is down"))
+    if not unknown:
+        return None
+    return ("-H names %s, not a host of this vcluster (hosts: %s); use those names, or "
+            "`hpcdl vcluster down` and `up --hosts N` for more"
+            % (", ".join(unknown), ", ".join(names) or "none: it is down"))
