@@ -16,6 +16,8 @@ import os
 import sys
 import traceback
 
+from ..utils import mpi_info
+mpi_info.check_same_mpi()  # a core and an mpi4py on two MPIs: one error line, not a crash
 from .communicator import Communicator, CoreError, Handle, MismatchError
 from .alltoall import alltoall  # all-to-all with per-rank counts (mpi4py; no C core yet)
 from ..utils.log import get_logger, print0, warn
