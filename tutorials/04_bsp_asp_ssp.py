@@ -76,8 +76,8 @@ def test_accuracy(model):
 def train(mode, staleness=None):
     """EPOCHS epochs in one mode. Returns the model, every rank's stats, wall time."""
     model = fresh_model()
-    ps = PSTrainer(model, mode=mode, staleness=staleness, ps_ranks=1, momentum=MOMENTUM,
-                   record=True)
+    ps = PSTrainer.create(model, mode=mode, staleness=staleness, ps_ranks=1,
+                          momentum=MOMENTUM, record=True)
     slow = SLOW if ps.worker_rank == 0 else 0.0
 
     def closure(x, y):  # this worker's share of one step: forward, backward

@@ -110,6 +110,6 @@ if comm.rank() == 0:
     for text, passed in checks:
         print("check: %-45s %s" % (text, "ok" if passed else "FAILED"))
         ok = ok and passed
-ok = comm.world().mpi.bcast(ok, root=0)
+ok = comm.bcast_object(ok, root=0)
 comm.print0("all checks passed" if ok else "some checks FAILED")
 raise SystemExit(0 if ok else 1)

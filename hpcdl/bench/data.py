@@ -30,6 +30,7 @@ import torch
 from ..data import (DistributedShardSampler, H5ShardDataset, SampleBatch, _mpi, collate,
                     sources, writer)
 from .allreduce import code_version, describe_job
+from ..utils.log import print0
 
 
 @dataclass
@@ -234,7 +235,7 @@ def _run(opts, mpi, job, workdir):
         raise ValueError("bench data needs arrays; shard image folders with --decode")
     x, y = load_all(ds)
     naive = _mpi.on_root(mpi, lambda: write_naive(ds, x, y, workdir))
-    say = (lambda s: print(s, flush=True)) if mpi.rank == 0 else (lambda s: None)
+    say = print0  # rank 0 prints the table
     say("# hpcdl bench data: samples/s through a torch DataLoader, same data, same run")
     say("#  %s" % code_version())
     say("#  data: %s: %d samples of %s %s, %d shards, %s, %d rows per chunk"

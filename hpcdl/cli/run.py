@@ -20,7 +20,7 @@ from ..utils.launch import (MPI_ENV_VARS, allocation_tasks,  # noqa: F401 (re-ex
                             inside_parallel_job, inside_slurm_allocation)
 from ..utils.mpi_info import core_launcher, launcher_flavour, launcher_mismatch
 from ..utils.rankenv import torchrun_env
-from ..vcluster.agent import launch_hosts_problem
+from ..vcluster.agent import launch_hosts_problem, ranks_by_host
 from .main import UsageError
 
 
@@ -201,6 +201,9 @@ def launch(n, cmd, hosts=None, mpi_args=None, export=()):
     rc = _run(line, env)
     if rc != 0:
         print("hpcdl run: " + failure(cmd, rc), file=sys.stderr, flush=True)
+        if hosts:  # mpirun names a lost host; this names its ranks
+            print("hpcdl run: " + ranks_by_host(parse_hosts(hosts), n or 1), file=sys.stderr,
+                  flush=True)
     return rc
 
 

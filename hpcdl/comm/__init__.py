@@ -6,7 +6,15 @@
     comm.local_rank(), comm.local_size(), comm.cross_rank(), comm.cross_size()
     comm.allreduce(x)                # in place; algorithm="auto"|"ring"|"hier"|"mpi"
     h = comm.allreduce_async(x); h.wait()
+    comm.allgather_object(obj), comm.bcast_object(obj), comm.gather_object(obj)
+    comm.any_rank(flag)              # the largest flag over ranks: truthy if any set it
+    comm.raise_if_any(error, exc)    # one rank failed -> every rank raises
+    comm.wtime()                     # MPI_Wtime, the clock the C engine stamps with
     comm.print0("only rank 0 prints this")
+
+The one door to MPI for everything above it: buffer collectives go to the C
+core, object collectives (pickled Python values, mpi4py's lowercase names)
+to mpi4py; callers never reach for the mpi4py communicator themselves.
 
 Topology: local = ranks sharing memory with this one (a node), or virtual
 nodes of HPCDL_LOCAL_SIZE ranks; cross = ranks with the same local rank.
@@ -18,15 +26,17 @@ import traceback
 
 from ..utils import mpi_info
 mpi_info.check_same_mpi()  # a core and an mpi4py on two MPIs: one error line, not a crash
-from .communicator import Communicator, CoreError, Handle, MismatchError
-from .alltoall import alltoall  # all-to-all with per-rank counts (mpi4py; no C core yet)
+from .communicator import Communicator, CoreError, Handle, MismatchError, wtime
+from ..utils import log
+from ..utils.launch import env_rank  # noqa: F401 - the launcher's rank, before MPI is up
 from ..utils.log import get_logger, print0, warn
 
 __all__ = ["init", "is_initialized", "shutdown", "world", "rank", "size", "local_rank",
            "local_size", "cross_rank", "cross_size", "thread_level", "allreduce",
            "allreduce_async", "reduce_scatter", "allgather", "broadcast", "barrier",
-           "Communicator", "Handle", "MismatchError", "CoreError", "print0", "warn",
-           "get_logger"]
+           "alltoall", "allgather_object", "bcast_object", "gather_object", "any_rank",
+           "raise_if_any", "wtime", "as_mpi_comm", "Communicator", "Handle", "MismatchError",
+           "CoreError", "print0", "warn", "get_logger"]
 
 _world = None
 _thread_level = None
@@ -53,6 +63,7 @@ def init(comm=None, local_size=None):
         {MPI.THREAD_SINGLE: 0, MPI.THREAD_FUNNELED: 1, MPI.THREAD_SERIALIZED: 2,
          MPI.THREAD_MULTIPLE: 3}.get(provided, 0))
     _world = Communicator(comm if comm is not None else MPI.COMM_WORLD, local_size)
+    log.set_rank(_world.rank)  # one rank-0 printer: the logger now knows this rank
     disagree = comm is None and local_size is None and rankenv.disagreement(
         os.environ, _world.rank, _world.size, _world.local_rank, _world.local_size)
     if disagree:
@@ -99,6 +110,7 @@ def shutdown():
     if _world is not None:
         _world.close()
         _world = None
+        log.set_rank(None)
 
 
 def world():
@@ -160,10 +172,48 @@ def barrier():
     world().barrier()
 
 
-def env_rank():
-    """Best guess at this process's rank before MPI is up (launcher env vars);
-    only for choosing who prints, never for topology."""
-    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
+def alltoall(send, send_counts, unit=1, comm=None):
+    """Communicator.alltoall on comm (default: the world)."""
+    return (comm if comm is not None else world()).alltoall(send, send_counts, unit)
+
+
+# ------------------------------------------- objects, agreement and the clock
+def allgather_object(obj):
+    return world().allgather_object(obj)
+
+
+def bcast_object(obj, root=0):
+    return world().bcast_object(obj, root)
+
+
+def gather_object(obj, root=0):
+    return world().gather_object(obj, root)
+
+
+def any_rank(flag):
+    return world().any_rank(flag)
+
+
+def raise_if_any(error, exc_type=RuntimeError):
+    return world().raise_if_any(error, exc_type)
+
+
+def as_mpi_comm(comm_or_ranks, caller="init"):
+    """None, an mpi4py communicator, or a list of MPI_COMM_WORLD ranks (every
+    world rank passes the same list) -> an mpi4py communicator for init(), or
+    None. ValueError on a world rank outside the list; caller names the call
+    in the message."""
+    if comm_or_ranks is None:
+        return None
+    from mpi4py import MPI  # communicator set-up only; collectives go through a Communicator
+    if isinstance(comm_or_ranks, (list, tuple, range)):
+        ranks = [int(r) for r in comm_or_ranks]
+        sub = MPI.COMM_WORLD.Create(MPI.COMM_WORLD.Get_group().Incl(ranks))
+        if sub == MPI.COMM_NULL:
+            raise ValueError("%s(comm=%s): world rank %d is not in the list"
+                             % (caller, ranks, MPI.COMM_WORLD.Get_rank()))
+        return sub
+    if not isinstance(comm_or_ranks, MPI.Comm):
+        raise TypeError("%s(comm=...) takes an mpi4py communicator or a list of "
+                        "ranks, not %s" % (caller, type(comm_or_ranks).__name__))
+    return comm_or_ranks

@@ -6,13 +6,23 @@ order. A buffer that fails validation on one rank (wrong dtype, not
 contiguous, wrong device) raises TypeError / ValueError there, and, while the
 agreement check is on, makes the same call fail with MismatchError on every
 other rank instead of leaving them waiting.
+
+Names follow mpi4py's case rule by what travels: allreduce / allgather /
+broadcast / alltoall move buffers (numpy arrays, tensors) without copies;
+allgather_object / bcast_object / gather_object move Python objects
+(pickled). any_rank and raise_if_any are the agreements every layer needs
+("did any rank ask to stop / overflow / fail?"); wtime is MPI_Wtime.
 """
 import contextlib
 import os
 
-from . import buffers
+import numpy as np
+from mpi4py import MPI
+
+from . import alltoall as _a2a, buffers
 from ._types import ALGORITHMS, DTYPES, OPS, algo_code, op_code
 from .. import _core
+from ..utils.agree import raise_on_every_rank
 
 from numpy import ndarray as _ndarray
 
@@ -21,6 +31,7 @@ SIG_FIELDS = {"allgather": 4, "allreduce": 6}
 
 MismatchError = _core.MismatchError
 CoreError = _core.CoreError
+wtime = MPI.Wtime  # seconds; the clock the C engine stamps its timeline with
 
 
 class Handle:
@@ -201,7 +212,7 @@ class Communicator:
             mine, err = self._describe(send, "send buffer").count, None
         except (TypeError, ValueError) as e:
             mine, err = None, e
-        counts = self.mpi.allgather(mine)
+        counts = self.allgather_object(mine)
         if err is not None:
             raise err
         bad = [i for i, c in enumerate(counts) if c is None]
@@ -256,6 +267,69 @@ class Communicator:
             if "shared buffers need" in str(e):
                 return None  # the same answer on every rank: nodes differ in size
             raise
+
+    def alltoall(self, send, send_counts, unit=1):
+        """All-to-all with per-destination counts (MPI_Alltoallv) of a contiguous
+        CPU buffer (numpy array or torch tensor) of sum(send_counts) * unit
+        elements. Returns (recv, recv_counts): a new 1-D buffer of send's kind
+        and dtype, and the units from each rank. The C core has no all-to-all
+        yet, so this one buffer collective goes to MPI through mpi4py (see
+        alltoall.py for the rule across ranks)."""
+        size, err = self.size, None
+        try:
+            sbytes, itemsize, counts = _a2a.prepare(send, send_counts, unit, size)
+            unit = int(unit)
+        except (TypeError, ValueError) as e:
+            err, counts, itemsize = e, [0] * size, 1
+        recv_counts = np.empty(size, dtype=np.int64)
+        self.mpi.Alltoall(np.asarray(counts, dtype=np.int64), recv_counts)
+        unit_bytes = unit * itemsize if err is None else 0
+        ok = err is None and max(sum(counts), int(recv_counts.sum())) * unit_bytes <= _a2a.INT_MAX
+        flags = np.array([1 if ok else 0], dtype=np.int32)
+        self.mpi.Allreduce(MPI.IN_PLACE, flags, op=MPI.MIN)
+        if err is not None:
+            raise err
+        if not flags[0]:
+            raise MismatchError("alltoall: a rank passed invalid arguments or more than 2 GiB "
+                                "(see the error on that rank)" if ok else
+                                "alltoall: this rank would move more than 2 GiB; split the call")
+        recv_counts = [int(c) for c in recv_counts]
+        recv = _a2a.empty_like(send, sum(recv_counts) * unit)
+        rbytes = _a2a.byte_view(recv)[0]
+        self.mpi.Alltoallv([sbytes, _a2a.layout(counts, unit_bytes), MPI.BYTE],
+                           [rbytes, _a2a.layout(recv_counts, unit_bytes), MPI.BYTE])
+        return recv, recv_counts
+
+    # ------------------------------------------------ objects and agreement
+    def allgather_object(self, obj):
+        """Every rank's obj (picklable), in rank order, on every rank."""
+        return self.mpi.allgather(obj)
+
+    def bcast_object(self, obj, root=0):
+        """root's obj on every rank (the others pass anything, e.g. None)."""
+        return self.mpi.bcast(obj, root=root)
+
+    def gather_object(self, obj, root=0):
+        """Every rank's obj in rank order on root; None on the other ranks."""
+        return self.mpi.gather(obj, root=root)
+
+    def any_rank(self, flag):
+        """The largest of every rank's flag (an int; True counts 1), so truthy
+        exactly when some rank set it: overflow checks, stop requests (the
+        largest signal number). One 4-byte all-reduce."""
+        t = np.array([int(flag)], dtype=np.int32)
+        self.allreduce(t, op="max")
+        return int(t[0])
+
+    def raise_if_any(self, error, exc_type=RuntimeError):
+        """Collective: error is this rank's exception or message, None if it did
+        fine; if any rank failed every rank raises (utils/agree.py has the rule)."""
+        raise_on_every_rank(self.allgather_object, self.rank, error, exc_type)
+
+    @staticmethod
+    def wtime():
+        """MPI_Wtime(): seconds, the clock of the engine's timeline records."""
+        return wtime()
 
     def timeline(self):
         """Drains the engine's records: dicts with name, bytes, algorithm, times."""

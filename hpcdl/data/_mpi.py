@@ -2,8 +2,13 @@
 has (if any), and agreement on errors, so that a failure on one rank becomes
 the same error on every rank instead of a hang in the next collective.
 
-hpcdl.data works without MPI: a plain process is a job of one rank.
+hpcdl.data works without MPI: a plain process is a job of one rank. It takes
+mpi4py communicators (a user's, or the job's) and must not import hpcdl.comm,
+whose C core starts MPI when it loads; so this module is hpcdl.data's one door
+to MPI (tests/test_architecture.py allows it by name). The rule for "did any
+rank fail" is hpcdl's one rule (utils/agree.py), shared with hpcdl.comm.
 """
+from ..utils.agree import raise_on_every_rank
 from .manifest import DataError
 
 
@@ -44,13 +49,7 @@ def agree(comm, error):
         if error is not None:
             raise error
         return
-    msg = None if error is None else "%s" % error
-    msgs = comm.allgather(msg)
-    for r, m in enumerate(msgs):
-        if m is not None:
-            if error is not None and r == comm.rank:
-                raise error
-            raise DataError("rank %d failed: %s" % (r, m))
+    raise_on_every_rank(comm.allgather, comm.rank, error, DataError)
 
 
 def on_root(comm, fn):

@@ -12,8 +12,8 @@ on its own batches, pushes them to every server and pulls the parameters back.
     ssp    the slowest worker has pushed at least c - s steps   s >= 0 (0 = bsp)
     asp    at once; every push is applied when it arrives
 
-    ps = PSTrainer(model, mode="ssp", staleness=2, ps_ranks=1, momentum=0.9,
-                   weight_decay=0.0, record=False)     # collective; every rank
+    ps = PSTrainer.create(model, mode="ssp", staleness=2, ps_ranks=1, momentum=0.9,
+                          weight_decay=0.0, record=False)   # collective; every rank
     for epoch in range(1, epochs + 1):
         if ps.is_server:
             ps.serve()                     # until every worker ends the round

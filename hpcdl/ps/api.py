@@ -1,6 +1,8 @@
 """api.py - PSTrainer: the parameter server as a training loop sees it.
 
-Every rank builds the same model and a PSTrainer around it (collective).
+Every rank builds the same model and a PSTrainer around it with
+PSTrainer.create(model, ...) (collective: it broadcasts rank 0's weights and
+duplicates the communicator for the servers' point-to-point messages).
 Ranks 0..K-1 become servers and call serve(); the others are workers and call
 step() once per local batch, then end_round(). After each round (an epoch, or
 any number of steps that is the same on every worker) sync_model() gives every
@@ -19,38 +21,56 @@ from .worker import Worker
 
 
 class PSTrainer:
-    """Parameter-server SGD for model on the job's ranks (see hpcdl.ps)."""
+    """Parameter-server SGD for model on the job's ranks (see hpcdl.ps).
+    Made by PSTrainer.create(...), which does the communication; the
+    constructor only wires this rank's role from what create() made."""
 
-    def __init__(self, model, mode="bsp", staleness=None, ps_ranks=1, momentum=0.0,
-                 weight_decay=0.0, comm=None, record=False):
-        self.comm = comm if comm is not None else hcomm.world()
-        rank, size = self.comm.rank, self.comm.size
-        self.staleness = config.check(size, mode, staleness, ps_ranks)
-        self.mode, self.model = mode, model
-        self.num_servers, self.num_workers = ps_ranks, config.num_workers(size, ps_ranks)
-        self.tensors = list(model.parameters())
-        bad = sorted({str(t.dtype) for t in self.tensors} - {"torch.float32"})
+    @classmethod
+    def create(cls, model, mode="bsp", staleness=None, ps_ranks=1, momentum=0.0,
+               weight_decay=0.0, comm=None, record=False):
+        """Collective over comm (an hpcdl Communicator, default the world):
+        checks the settings (the same PSConfigError on every rank), makes every
+        rank's model rank 0's, and gives servers and workers a communicator of
+        their own. Returns this rank's PSTrainer."""
+        comm = comm if comm is not None else hcomm.world()
+        layout = config.Layout.of(comm.size, mode, staleness, ps_ranks, momentum,
+                                  weight_decay, record)
+        tensors = list(model.parameters())
+        bad = sorted({str(t.dtype) for t in tensors} - {"torch.float32"})
         if bad:
             raise config.PSConfigError("the parameter servers hold float32 parameters; the "
                                        "model has %s ones (build it in float32)" % bad)
-        self.params = np.zeros(sum(t.numel() for t in self.tensors), np.float32)
-        _flatten(self.tensors, self.params)
-        self.comm.broadcast(self.params, root=0)  # rank 0's initial weights everywhere
-        _unflatten(self.params, self.tensors)
-        self.bounds = protocol.shard_bounds(len(self.params), ps_ranks)
-        self.mpi = self.comm.mpi.Dup()  # private tags: nobody else's messages match ours
-        self.is_server = rank < ps_ranks
+        params = np.zeros(sum(t.numel() for t in tensors), np.float32)
+        _flatten(tensors, params)
+        comm.broadcast(params, root=0)  # rank 0's initial weights everywhere
+        _unflatten(params, tensors)
+        # The one place hpcdl.ps takes MPI into its own hands. Servers and
+        # workers talk point-to-point (tagged Isend / Irecv, answered in whatever
+        # order pushes arrive), which hpcdl.comm's collectives do not offer; a
+        # duplicate of the job's communicator gives them private tags, so no
+        # other message can match theirs. Everything collective stays on comm.
+        p2p = comm.mpi.Dup()
+        return cls(model, layout, comm, p2p, params)
+
+    def __init__(self, model, layout, comm, p2p, params):
+        """This rank's role in layout (config.Layout) on comm; p2p: the private
+        communicator; params: the flat float32 parameters, already agreed."""
+        self.model, self.layout, self.comm, self.mpi = model, layout, comm, p2p
+        self.mode, self.staleness = layout.mode, layout.staleness
+        self.num_servers, self.num_workers = layout.num_servers, layout.num_workers
+        self.tensors = list(model.parameters())
+        self.params = params
+        self.bounds = protocol.shard_bounds(len(params), layout.num_servers)
+        rank = comm.rank
+        self.is_server = rank < layout.num_servers
         self.server = self.worker = None
-        self.worker_rank = None if self.is_server else rank - ps_ranks
+        self.worker_rank = None if self.is_server else rank - layout.num_servers
         if self.is_server:
             lo, hi = self.bounds[rank]
-            self.server = Server(self.mpi, rank, self.params[lo:hi].copy(), ps_ranks,
-                                 self.num_workers, mode, self.staleness, momentum,
-                                 weight_decay, record)
+            self.server = Server(p2p, rank, params[lo:hi].copy(), layout)
         else:
-            self.grads = np.zeros_like(self.params)
-            self.worker = Worker(self.mpi, self.worker_rank, self.params, self.grads,
-                                 self.bounds)
+            self.grads = np.zeros_like(params)
+            self.worker = Worker(p2p, self.worker_rank, params, self.grads, self.bounds)
         self.step_s = 0.0
 
     # ----------------------------------------------------------------- servers
@@ -120,7 +140,7 @@ class PSTrainer:
 
     def gather_stats(self):
         """Collective: every rank's stats(), in rank order, on every rank."""
-        return self.mpi.allgather(dict(self.stats(), rank=self.comm.rank))
+        return self.comm.allgather_object(dict(self.stats(), rank=self.comm.rank))
 
     def close(self):
         """Collective: frees the private communicator."""
@@ -137,7 +157,7 @@ class PSTrainer:
         """Collective, between rounds: everything the next round depends on -
         parameters, momentum, update and push counters, worker clocks - the
         same dict on every rank."""
-        counters = self.mpi.allgather(
+        counters = self.comm.allgather_object(
             (self.server.rule.updates, list(self.server.clock.pushes)) if self.is_server
             else self.worker.clock)
         return dict(format="hpcdl.ps/1", mode=self.mode, ps_ranks=self.num_servers,

@@ -5,6 +5,7 @@ same verdict without talking to the others (a bad setting is an error on every
 rank, never a hang), and the CLI can check before it launches ranks.
 """
 import operator
+from dataclasses import dataclass
 
 MODES = ("bsp", "asp", "ssp")
 OPTIMIZERS = ("sgd",)  # the servers' update rule; see rules.py
@@ -44,6 +45,29 @@ def check(size, mode, staleness, ps_ranks):
                             "use --mode ps-ssp" % (s, mode, "never waits"
                                                    if mode == "asp" else "always waits"))
     return 0 if mode == "bsp" else None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Who does what in a parameter-server job and the rule it trains by; the
+    same on every rank. Ranks 0..num_servers-1 serve, the next num_workers
+    ranks are workers (worker w is rank num_servers + w)."""
+    num_servers: int
+    num_workers: int
+    mode: str                  # bsp | asp | ssp
+    staleness: int = None      # ssp's bound; 0 for bsp, None for asp
+    momentum: float = 0.0      # the servers' SGD
+    weight_decay: float = 0.0
+    record: bool = False       # servers log every push and answer (clock.replay)
+
+    @classmethod
+    def of(cls, size, mode="bsp", staleness=None, ps_ranks=1, momentum=0.0,
+           weight_decay=0.0, record=False):
+        """The layout of a job of size ranks; PSConfigError (check()) if the
+        settings cannot run there."""
+        bound = check(size, mode, staleness, ps_ranks)
+        return cls(ps_ranks, num_workers(size, ps_ranks), mode, bound, momentum, weight_decay,
+                   record)
 
 
 def _integer(value):

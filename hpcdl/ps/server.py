@@ -21,15 +21,15 @@ from .wait import wait_all, wait_some
 
 class Server:
     """Server `index` of the job: shard = flat[lo:hi] (a float32 array it owns).
-    mpi: the private communicator; workers are its ranks num_servers.. on."""
+    mpi: the private communicator; layout (config.Layout): the roles and the
+    rule; workers are ranks layout.num_servers.. on."""
 
-    def __init__(self, mpi, index, shard, num_servers, num_workers, mode, staleness,
-                 momentum=0.0, weight_decay=0.0, record=False):
-        self.mpi, self.index, self.mode = mpi, index, mode
+    def __init__(self, mpi, index, shard, layout):
+        self.mpi, self.index, self.mode = mpi, index, layout.mode
         self.shard = shard
-        self.first_worker, W = num_servers, num_workers
-        self.rule = ShardSGD(shard, W, momentum, weight_decay)
-        self.clock = VectorClock(W, staleness, record)
+        self.first_worker, W = layout.num_servers, layout.num_workers
+        self.rule = ShardSGD(shard, W, layout.momentum, layout.weight_decay)
+        self.clock = VectorClock(W, layout.staleness, layout.record)
         n = len(shard)
         self.grads = np.zeros((W, n), np.float32)      # the latest push of each worker
         self.push_of = [None] * W                      # (clock, lr) of a push being received

@@ -98,9 +98,9 @@ def whole_floats(sizes_):
 # ----------------------------------------------------------------------------
 # where the ranks are
 
-def hosts_of(mpi):
+def hosts_of(world):
     """Collective: per world rank (host name, cores of that host)."""
-    return mpi.allgather((socket.gethostname(), os.cpu_count() or 1))
+    return world.allgather_object((socket.gethostname(), os.cpu_count() or 1))
 
 
 def pairs(hosts):
@@ -123,12 +123,21 @@ def timeshare(hosts):
 
 
 # ----------------------------------------------------------------------------
-# measurements
+# MPI as the measured peer: the one place calibration holds mpi4py itself.
+# The cost model is fitted to MPI_Send / MPI_Recv and to the timing loops of
+# hpcdl.bench.allreduce, which take mpi4py communicators (bench measures MPI
+# as a peer); everything else goes through the hpcdl Communicator.
 
-def pingpong(mpi, partner, sizes_, opts):
-    """Collective on mpi: (fastest, median) one-way seconds between rank 0 and
-    partner, per size, on rank 0 (None elsewhere). The others wait in a barrier."""
+def peer_mpi(world):
+    """The mpi4py communicator under world, for timing MPI itself."""
+    return world.mpi
+
+
+def pingpong(world, partner, sizes_, opts):
+    """Collective on world: (fastest, median) one-way seconds between rank 0
+    and partner, per size, on rank 0 (None elsewhere). The others wait in a barrier."""
     from mpi4py import MPI
+    mpi = peer_mpi(world)
     pair = mpi.Split(0 if mpi.rank in (0, partner) else MPI.UNDEFINED, mpi.rank)
     times = None
     if pair != MPI.COMM_NULL:
@@ -153,7 +162,8 @@ def _pingpong_size(pair, nbytes, opts):
 
 
 def reduce_times(sizes_, opts):
-    """(fastest, median) seconds of np.add(a, b, out=a) on float32 buffers."""
+    """(fastest, median) seconds of np.add(a, b, out=a) on float32 buffers,
+    timed by bench's loop on MPI_COMM_SELF (this rank alone)."""
     from mpi4py import MPI
     out = []
     for m in sizes_:
@@ -173,10 +183,10 @@ def allreduce_times(world, sizes_, opts):
         ar.fill_send(send, world.rank)
         work = np.empty_like(send)
         run = ar.bind("ring", world, work)
-        wrong = ar.count_wrong(world.mpi, run, work, send,
+        wrong = ar.count_wrong(peer_mpi(world), run, work, send,
                                ar.expected_sum(count, np.float32, world.size))
-        median, fastest, _ = ar.timed_loop(world.mpi, run, lambda: np.copyto(work, send),
-                                           opts)
+        median, fastest, _ = ar.timed_loop(peer_mpi(world), run,
+                                           lambda: np.copyto(work, send), opts)
         out.append((fastest, median, wrong))
     return out
 
@@ -223,7 +233,7 @@ def measure_link(world, kind, partner, hosts, sizes_, opts, say):
     """Collective: the ping-pong table and fit of one link (dict on every rank)."""
     say("#\n# link %s: rank 0 (%s) <-> rank %d (%s), MPI_Send + MPI_Recv via mpi4py, "
         "one-way time = round trip / 2" % (kind, hosts[0][0], partner, hosts[partner][0]))
-    times = pingpong(world.mpi, partner, sizes_, opts)
+    times = pingpong(world, partner, sizes_, opts)
     link = None
     if world.rank == 0:
         f = fit.fit_alpha_beta(sizes_, [t[0] for t in times])
@@ -232,7 +242,7 @@ def measure_link(world, kind, partner, hosts, sizes_, opts, say):
         print_fitted(say, link["rows"])
         say(fit_summary(kind, ["alpha = %s" % format_time(f.coef[0]),
                                "beta = %s" % format_beta(f.coef[1])], f, link["rows"]))
-    return world.mpi.bcast(link, root=0)
+    return world.bcast_object(link, root=0)
 
 
 def measure_reduce(world, sizes_, opts, say):
@@ -249,8 +259,8 @@ def measure_reduce(world, sizes_, opts, say):
         print_fitted(say, doc["rows"])
         say(fit_summary("reduction", ["per-call overhead %s" % format_time(f.coef[0]),
                                       "gamma = %s" % format_beta(f.coef[1])], f, doc["rows"]))
-    world.mpi.Barrier()
-    return world.mpi.bcast(doc, root=0)
+    world.barrier()
+    return world.bcast_object(doc, root=0)
 
 
 ALLREDUCE_COLUMNS = "#%13s %12s %12s %14s %8s %13s %7s"
@@ -288,8 +298,8 @@ def measure(world, opts, say=lambda line: None, job=None):
     rank. say(line) is called on rank 0 with each printed line; job is
     hpcdl.bench.allreduce.describe_job's dict (made here when None)."""
     check_ranks(world.size)
-    job = job or ar.describe_job(world.mpi)
-    hosts = hosts_of(world.mpi)
+    job = job or ar.describe_job(peer_mpi(world))
+    hosts = hosts_of(world)
     doc = dict(job, timeshare=timeshare(hosts), links={})
     szs = sizes(opts)
     for kind, partner in sorted(pairs(hosts).items(), key=lambda kv: kv[0] != "intra"):
@@ -311,8 +321,8 @@ def measure_against(world, opts, say=lambda line: None, job=None):
     the calibration in opts.predict_from (made on other ranks, e.g. 2)."""
     check_ranks(world.size)
     cal = load_calibration(opts.predict_from)
-    job = job or ar.describe_job(world.mpi)
-    doc = dict(job, timeshare=timeshare(hosts_of(world.mpi)), links={},
+    job = job or ar.describe_job(peer_mpi(world))
+    doc = dict(job, timeshare=timeshare(hosts_of(world)), links={},
                calibration=opts.predict_from, alpha=cal["alpha"], beta=cal["beta"],
                gamma=cal.get("gamma", 0.0))
     say("#\n# predicting from %s (%d ranks): alpha = %s, beta = %s, gamma = %s"
@@ -371,8 +381,8 @@ def run(opts):
     from .. import comm
     world = comm.init()
     check_ranks(world.size)
-    say = (lambda line: print(line, flush=True)) if world.rank == 0 else (lambda line: None)
-    job = ar.describe_job(world.mpi)
+    say = comm.print0  # rank 0 prints the table
+    job = ar.describe_job(peer_mpi(world))
     job["version"] = ar.code_version() if world.rank == 0 else ""
     print_header(say, world, job, opts, sizes(opts))
     doc = (measure_against if opts.predict_from else measure)(world, opts, say, job)

@@ -18,17 +18,11 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
                         broadcast_parameters)
 from .mpi_ops import *  # noqa: F401,F403 - the collectives grid, listed in mpi_ops.__all__
 from .mpi_ops import __all__ as _ops_all
+from .optimizer import DistributedOptimizer  # part of the surface: its ImportError is real
 from .sync_batch_norm import SyncBatchNorm
 from ..trace import start_timeline, stop_timeline
 
-try:  # written alongside this package; the rest works without it
-    from .optimizer import DistributedOptimizer
-except ImportError as _e:  # only a missing optimizer module is tolerated
-    if getattr(_e, "name", None) != __name__ + ".optimizer":
-        raise
-
-__all__ = list(_ops_all) + ["Compression", "SyncBatchNorm", "broadcast_parameters",
-                            "broadcast_optimizer_state", "broadcast_object",
-                            "allgather_object", "start_timeline", "stop_timeline"]
-if "DistributedOptimizer" in globals():
-    __all__.append("DistributedOptimizer")
+__all__ = list(_ops_all) + ["Compression", "DistributedOptimizer", "SyncBatchNorm",
+                            "broadcast_parameters", "broadcast_optimizer_state",
+                            "broadcast_object", "allgather_object", "start_timeline",
+                            "stop_timeline"]

@@ -43,20 +43,7 @@ def init(comm=None, process_sets=None):
 
 
 def _as_mpi_comm(comm_or_ranks):
-    if comm_or_ranks is None:
-        return None
-    from mpi4py import MPI  # communicator set-up only; collectives stay in hpcdl.comm
-    if isinstance(comm_or_ranks, (list, tuple, range)):
-        ranks = [int(r) for r in comm_or_ranks]
-        sub = MPI.COMM_WORLD.Create(MPI.COMM_WORLD.Get_group().Incl(ranks))
-        if sub == MPI.COMM_NULL:
-            raise ValueError("hvd.init(comm=%s): world rank %d is not in the list"
-                             % (ranks, MPI.COMM_WORLD.Get_rank()))
-        return sub
-    if not isinstance(comm_or_ranks, MPI.Comm):
-        raise TypeError("hvd.init(comm=...) takes an mpi4py communicator or a list of "
-                        "ranks, not %s" % type(comm_or_ranks).__name__)
-    return comm_or_ranks
+    return comm.as_mpi_comm(comm_or_ranks, caller="hvd.init")
 
 
 def shutdown():

@@ -16,7 +16,8 @@ other entries are zero, and keeps the rest as the new residual, so that
     sum of sent tensors + residual == sum of inputs      (exactly).
 Sending it dense keeps the all-reduce an all-reduce (ranks may pick
 different entries); it shows the algorithm's effect on training, not a
-saving in bytes.
+saving in bytes. Its state_dict() / load_state_dict() carry the residuals
+through a checkpoint (the stateless compressors have none).
 """
 import math
 
@@ -95,6 +96,15 @@ class TopKCompressor:
     @staticmethod
     def decompress(tensor, ctx):
         return tensor
+
+    def state_dict(self):
+        """This rank's residuals, name -> tensor (they differ per rank: a
+        checkpoint keeps every rank's). Only stateful compressors have it."""
+        return dict(self._residuals)
+
+    def load_state_dict(self, state):
+        """Continues from state_dict()'s result (of the same rank)."""
+        self._residuals.update(state)
 
     def residual(self, name):
         """What has not been sent yet for name (None before its first step)."""

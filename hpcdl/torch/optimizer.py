@@ -21,7 +21,6 @@ import os
 import warnings
 
 import torch
-from mpi4py import MPI
 
 from .. import comm
 from ..optim.wrapper import OptimizerWrapper
@@ -104,7 +103,7 @@ class DistributedOptimizer(OptimizerWrapper):
     # ------------------------------------------------------------ backward side
     def _hook(self, p):
         if self._t_backward is None:
-            self._t_backward = MPI.Wtime()
+            self._t_backward = comm.wtime()
         b, i = self._bucket_of[p]
         if p.grad is not b.views[i]:  # first pass since zero_grad(): into the bucket
             b.views[i].copy_(p.grad)
@@ -121,7 +120,7 @@ class DistributedOptimizer(OptimizerWrapper):
         if self._passes[p] == self._passes_per_step:
             b.ready += 1
             if b.ready == len(b.params):
-                b.t_ready = MPI.Wtime()
+                b.t_ready = comm.wtime()
                 self._submit_in_order(upto=len(self._buckets) - 1, force=False)
 
     def _submit_in_order(self, upto, force):
@@ -134,7 +133,7 @@ class DistributedOptimizer(OptimizerWrapper):
             self._next_submit += 1
 
     def _submit(self, b):
-        b.t_submit = MPI.Wtime()
+        b.t_submit = comm.wtime()
         if b.ready < len(b.params):  # sent by synchronize(), not by its last hook
             b.t_ready = b.t_submit
             for p, v in zip(b.params, b.views):
@@ -146,7 +145,7 @@ class DistributedOptimizer(OptimizerWrapper):
             t.mul_(1.0 / self._predivide)
         b.sent, b.ctx = compress(self._compression, t, "bucket.%d" % b.index)
         b.handle = comm.allreduce_async(b.sent, op=self._op, name="bucket.%d" % b.index)
-        b.t_submitted = MPI.Wtime()
+        b.t_submitted = comm.wtime()
 
     # ------------------------------------------------------------- step side
     def synchronize(self):
@@ -162,9 +161,9 @@ class DistributedOptimizer(OptimizerWrapper):
             tl.span("backward", "backward", self._t_backward,
                     max(b.t_ready for b in self._buckets))
         for b in self._buckets:
-            t_wait = MPI.Wtime()
+            t_wait = comm.wtime()
             b.handle.wait()
-            t_done = MPI.Wtime()
+            t_done = comm.wtime()
             out = self._compression.decompress(b.sent, b.ctx)
             if out is not b.buffer:
                 b.buffer.copy_(out)
@@ -174,7 +173,7 @@ class DistributedOptimizer(OptimizerWrapper):
                 row = "bucket.%d" % b.index
                 tl.span(row, "pack", b.t_ready, b.t_submitted, params=len(b.params))
                 tl.span(row, "wait", t_wait, t_done)
-                tl.span(row, "unpack", t_done, MPI.Wtime())
+                tl.span(row, "unpack", t_done, comm.wtime())
             b.handle = b.sent = b.ctx = None
             b.ready = 0
         if tl is not None:
@@ -291,8 +290,7 @@ def _check_same_plan(plan):
     together in node shared memory and all-reduced pairwise); otherwise a
     ValueError on every rank that says how they differ."""
     mine = [(sum(p.numel() for p in g), str(g[0].dtype)) for g in plan]
-    world = comm.world()
-    every = world.mpi.allgather(mine)
+    every = comm.allgather_object(mine)
     if any(b != every[0] for b in every):
         ranks = ", ".join("rank %d: %d buckets, %d elements" % (r, len(b), sum(n for n, _ in b))
                           for r, b in enumerate(every[:8]))

@@ -24,9 +24,8 @@ _active = None
 
 class Timeline:
     def __init__(self, path):
-        from mpi4py import MPI
         self.path, self.rank = path, comm.rank()
-        self.t0 = MPI.Wtime()
+        self.t0 = comm.wtime()
         self.events = []
         self._rows = {}
 
@@ -97,7 +96,7 @@ def stop_timeline():
     if tl is None:
         return None
     tl.add_engine_records(comm.world().timeline())
-    gathered = comm.world().mpi.gather(tl.events, root=0)
+    gathered = comm.gather_object(tl.events, root=0)
     if tl.rank == 0:
         tl.write(events=[e for evs in gathered for e in evs])
     return tl.path

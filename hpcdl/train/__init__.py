@@ -3,7 +3,8 @@
     from hpcdl.train import TrainConfig, train
     summary = train(TrainConfig(epochs=10))   # collective: run on every rank
 """
-from .config import ConfigError, TrainConfig
+from .config import TrainConfig
+from .errors import ConfigError
 
 __all__ = ["ConfigError", "TrainConfig", "train"]
 

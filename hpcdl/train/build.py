@@ -13,7 +13,7 @@ def build_model(cfg, ds):
         return models.build("mlp", shape if len(shape) > 1 else shape[0], ds.num_classes,
                             hidden=cfg.hidden)
     if ds.image_shape is None:
-        from .config import ConfigError
+        from .errors import ConfigError
         raise ConfigError("--model %s takes images, but --data %s has flat samples; use "
                           "--model mlp or image data" % (cfg.model, cfg.data))
     net = models.build(cfg.model, ds.image_shape, ds.num_classes)

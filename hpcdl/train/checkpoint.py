@@ -18,7 +18,7 @@ import os
 import torch
 
 from .. import comm
-from .config import ConfigError
+from .errors import ConfigError
 
 FORMAT = 1
 FILENAME = "checkpoint.pt"
@@ -53,7 +53,7 @@ def save(path, state):
             error = "could not write checkpoint %s: %s" % (path, e)
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    _raise_if_any(error)
+    comm.raise_if_any(error, ConfigError)
 
 
 def load(path, cfg, model):
@@ -68,7 +68,7 @@ def load(path, cfg, model):
     except Exception as e:  # torch/zip/pickle errors of a damaged file
         error = ("checkpoint %s cannot be read (truncated, corrupted or not written by hpcdl "
                  "train; %s); delete it or resume from another" % (path, type(e).__name__))
-    _raise_if_any(error)
+    comm.raise_if_any(error, ConfigError)
     return state
 
 
@@ -92,10 +92,3 @@ def _mismatch(path, state, meta):
 
 def _show(v):
     return ",".join(map(str, v)) if isinstance(v, list) else str(v)
-
-
-def _raise_if_any(error):
-    """Every rank learns whether any rank failed; all raise the first message."""
-    errors = [e for e in comm.world().mpi.allgather(error) if e]
-    if errors:
-        raise ConfigError(errors[0])

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, fields
 
 from .. import models
+from .errors import ConfigError  # noqa: F401 - raised here, importable from here too
 
 OPTIMIZERS = ("sgd", "lars", "larc", "adam")
 SCHEDULES = ("constant", "step", "poly", "cosine")
@@ -24,10 +25,6 @@ LR_SCALING = ("none", "linear", "sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("allreduce", "ps-bsp", "ps-asp", "ps-ssp")
 TRAIN_MODELS = ("mlp",) + models.IMAGE_NAMES
-
-
-class ConfigError(ValueError):
-    """A setting that cannot work; the message says what to change."""
 
 
 @dataclass

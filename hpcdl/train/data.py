@@ -58,8 +58,8 @@ class Dataset:
 
 # ---------------------------------------------------------------- choosing a source
 def check_source(spec, model):
-    """ConfigError (from config) if spec names no source or cannot feed model."""
-    from .config import ConfigError
+    """ConfigError if spec names no source or cannot feed model."""
+    from .errors import ConfigError
     if spec == "digits":
         return
     m = SYNTHETIC.match(spec)

@@ -1,5 +1,6 @@
-"""ps_mode.py - `hpcdl train --mode ps-bsp|ps-asp|ps-ssp`: the trainer's loop
-over hpcdl.ps instead of all-reduce.
+"""ps_mode.py - the trainer's parameter-server strategy (`hpcdl train --mode
+ps-bsp|ps-asp|ps-ssp`): gradients meet on hpcdl.ps's servers instead of in
+an all-reduce.
 
 Ranks 0..K-1 serve the parameters (K = --ps-ranks), the other W ranks are
 workers. Worker w reads the slice of each global batch that an all-reduce job
@@ -7,145 +8,115 @@ of W ranks gives rank w (so ps-bsp follows synchronous SGD on the same global
 batch), pushes its gradients with the current lr and pulls the parameters
 back, waiting as the mode requires. An epoch is one round; after it every rank
 gets the servers' model, so evaluation, reporting and checkpoints are the
-all-reduce trainer's. Limits: SGD with momentum and weight decay in fp32, no
-compression; signals and checkpoints take effect between epochs; only ps-bsp
-resumes bit-exactly (asp and ssp depend on timing).
-"""
-import socket
-import time
+shared loop's (trainer.py). Limits: SGD with momentum and weight decay in
+fp32, no compression; signals and checkpoints take effect between epochs;
+only ps-bsp resumes bit-exactly (asp and ssp depend on timing).
 
+State saved: the servers' shards, momentum and counters (PSTrainer.state_dict,
+gathered on every rank) and the lr schedule's position.
+"""
 import torch
 import torch.nn.functional as F
 
 from .. import comm
-from . import build, checkpoint, data
-from .config import ConfigError
-from .report import Reporter, params_digest
-from .stop import StopRequest
-from .trainer import evaluate, global_sums, load_data, resume_path
+from . import build, data
+from .errors import ConfigError
 
 
-def setup(cfg):
-    from ..ps import PSConfigError, PSTrainer
-    comm.init()
-    cfg.check(comm.size())
-    torch.set_num_threads(1)
-    torch.manual_seed(cfg.seed)
-    ds, steps = load_data(cfg)
-    model = build.build_model(cfg, ds)
-    try:
-        ps = PSTrainer(model, mode=cfg.mode[3:], staleness=cfg.staleness if
-                       cfg.mode == "ps-ssp" else None, ps_ranks=cfg.ps_ranks,
-                       momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    except PSConfigError as e:
-        raise ConfigError(str(e))
-    # the lr schedule runs on every rank (servers step it too, so rank 0's
-    # checkpoint holds the workers' position); workers send its lr with each push
-    opt = torch.optim.SGD(model.parameters(), lr=build.peak_lr(cfg))
-    sched = build.build_schedule(cfg, opt, steps)
-    opt.step()  # no gradients, so a no-op; torch then does not warn that the
-    #             schedule steps before the optimizer (this one only holds the lr)
-    return ds, model, ps, opt, sched
+class ParameterServer:
+    """Gradients are pushed to the servers' shards; parameters pulled back."""
 
+    def __init__(self, cfg):
+        self.cfg = cfg
+        torch.set_num_threads(1)
+        self.device = torch.device("cpu")
+        self.ps = self.opt = self.sched = None
 
-def train_epoch(cfg, ds, model, ps, opt, sched, epoch, reporter):
-    """One round. Returns this rank's (loss sum, correct, samples, seconds)."""
-    rows = data.epoch_shard(ds.n_train, cfg.global_batch, ps.worker_rank or 0,
-                            ps.num_workers, cfg.seed, epoch)
-    t0, loss_sum, correct, seen = time.perf_counter(), 0.0, 0.0, 0
-    reporter.start_epoch(epoch, len(rows), 0)
-    if ps.is_server:
-        ps.serve()
-        for _ in rows:
-            sched.step()
-    else:
-        model.train()
-        for s, (x, y) in enumerate(ds.train_batches(rows)):
-            def closure():
-                logits = model(x)
-                loss = F.cross_entropy(logits, y)
-                loss.backward()
-                return loss.item() * len(y), (logits.argmax(1) == y).sum().item()
-            lsum, c = ps.step(closure, lr=opt.param_groups[0]["lr"])
-            sched.step()
-            loss_sum, correct, seen = loss_sum + lsum, correct + c, seen + len(y)
-            reporter.step(s, lsum / len(y))
-        ps.end_round()
-    ps.sync_model()
-    return loss_sum, correct, seen, time.perf_counter() - t0
+    # ------------------------------------------------------------ set-up
+    def build(self, model, steps):
+        """The PSTrainer (collective: rank 0's weights broadcast, a private
+        communicator for the servers' messages) and the lr schedule."""
+        from ..ps import PSConfigError, PSTrainer
+        cfg = self.cfg
+        self.model = model
+        try:
+            self.ps = PSTrainer.create(model, mode=cfg.mode[3:], staleness=cfg.staleness
+                                       if cfg.mode == "ps-ssp" else None,
+                                       ps_ranks=cfg.ps_ranks, momentum=cfg.momentum,
+                                       weight_decay=cfg.weight_decay)
+        except PSConfigError as e:
+            raise ConfigError(str(e))
+        # which slice of each global batch this rank reads: worker w reads an
+        # all-reduce job's rank w (servers read none; rank 0's rows for the count)
+        self.data_rank, self.data_ranks = self.ps.worker_rank or 0, self.ps.num_workers
+        # the lr schedule runs on every rank (servers step it too, so rank 0's
+        # checkpoint holds the workers' position); workers send its lr with each push
+        self.opt = torch.optim.SGD(model.parameters(), lr=build.peak_lr(cfg))
+        self.sched = build.build_schedule(cfg, self.opt, steps)
+        self.opt.step()  # no gradients, so a no-op; torch then does not warn that the
+        #                  schedule steps before the optimizer (this one only holds the lr)
 
+    def start_fresh(self):
+        pass  # PSTrainer.create broadcast rank 0's weights already
 
-def train_ps(cfg):
-    """Collective. Returns the summary, or None when a signal stopped the run."""
-    t_start = time.perf_counter()
-    stop = StopRequest()
-    ds, model, ps, opt, sched = setup(cfg)
-    start, step, train_time, samples = 1, 0, 0.0, 0
-    path = resume_path(cfg)
-    if path:
-        state = checkpoint.load(path, cfg, model)
-        ps.load_state_dict(state["ps"])
-        sched.load_state_dict(state["scheduler"])
-        start, step = state["position"]["epoch"], state["position"]["global_step"]
-        train_time, samples = state["train_time"], state["train_samples"]
-        comm.print0("hpcdl train: resumed from %s at epoch %d" % (path, start))
-    comm.print0("hpcdl train: %s on %s, %s with %d server(s) and %d worker(s), global batch %d "
-                "(%d per worker), lr %g, seed %d" % (cfg.model, cfg.data, cfg.mode, ps.num_servers,
-                                                     ps.num_workers, cfg.global_batch,
-                                                     cfg.global_batch // ps.num_workers,
-                                                     build.peak_lr(cfg), cfg.seed))
-    reporter = Reporter(cfg, resumed=start > 1)
+    def describe(self, ds):
+        cfg, ps = self.cfg, self.ps
+        return ("%s on %s, %s with %d server(s) and %d worker(s), global batch %d (%d per "
+                "worker), lr %g, seed %d" % (cfg.model, cfg.data, cfg.mode, ps.num_servers,
+                                             ps.num_workers, cfg.global_batch,
+                                             cfg.global_batch // ps.num_workers,
+                                             build.peak_lr(cfg), cfg.seed))
 
-    def state_at(epoch):
-        return {"format": checkpoint.FORMAT, "meta": checkpoint.meta_of(cfg, model),
-                "position": {"epoch": epoch, "step_in_epoch": 0, "global_step": step},
-                "ps": ps.state_dict(), "scheduler": sched.state_dict(),
-                "train_time": train_time, "train_samples": samples}
-    try:
-        for epoch in range(start, cfg.epochs + 1):
-            signum = stop.agreed()
-            if signum:
-                return _stopped(cfg, state_at(epoch), signum, epoch)
-            loss_sum, correct, seen, dt = global_sums(
-                *train_epoch(cfg, ds, model, ps, opt, sched, epoch, reporter))
-            dt /= comm.size()
-            step += data.steps_per_epoch(ds.n_train, cfg.global_batch)
-            test_loss, test_acc = evaluate(model, ds, torch.device("cpu"))
-            reporter.end_epoch(dict(epoch=epoch, step=step, loss=loss_sum / seen,
-                                    accuracy=correct / seen, test_loss=test_loss,
-                                    test_accuracy=test_acc, lr=opt.param_groups[0]["lr"],
-                                    samples_per_s=seen / dt, epoch_time_s=dt))
-            train_time, samples = train_time + dt, samples + int(seen)
-            if cfg.checkpoint_dir and (epoch % cfg.checkpoint_every == 0 or
-                                       epoch == cfg.epochs):
-                checkpoint.save(checkpoint.path_in(cfg.checkpoint_dir), state_at(epoch + 1))
-        stats = ps.gather_stats()
-    finally:
-        reporter.close()
-        stop.restore()
-    ps.close()
-    test_loss, test_acc = evaluate(model, ds, torch.device("cpu"))
-    summary = dict(test_accuracy=test_acc, test_loss=test_loss,
-                   samples_per_s=samples / train_time if train_time else 0.0,
-                   wall_s=time.perf_counter() - t_start, ranks=comm.size(),
-                   nodes=len(set(comm.world().mpi.allgather(socket.gethostname()))),
-                   global_batch=cfg.global_batch, model=cfg.model, data=cfg.data,
-                   optimizer="sgd", precision="fp32", epochs=cfg.epochs, steps=step,
-                   mode=cfg.mode, ps_ranks=cfg.ps_ranks, staleness=cfg.staleness,
-                   max_staleness=max((s.get("max_staleness", 0) for s in stats), default=0),
-                   params_sha256=params_digest(model), skipped_steps=0)
-    reporter.finish(summary, model)
-    return summary
+    def lr(self):
+        return self.opt.param_groups[0]["lr"]
 
+    # ------------------------------------------------------------ training
+    def train_epoch(self, run, rows, reporter, stop):
+        """One round; the ranks may stop only before it. Returns the signal
+        number if they agreed to stop, else 0."""
+        signum = stop.agreed()
+        if signum:
+            return signum
+        ps, first_step = self.ps, run.global_step
+        if ps.is_server:
+            ps.serve()
+            for _ in rows:
+                self.sched.step()
+        else:
+            self.model.train()
+            for s, (x, y) in enumerate(run.ds.train_batches(rows)):
+                def closure():
+                    logits = self.model(x)
+                    loss = F.cross_entropy(logits, y)
+                    loss.backward()
+                    return loss.item() * len(y), (logits.argmax(1) == y).sum().item()
+                lsum, c = ps.step(closure, lr=self.lr())
+                self.sched.step()
+                run.step_done(s, lsum, c, len(y), reporter)
+            ps.end_round()
+        ps.sync_model()
+        run.step_in_epoch = len(rows)
+        run.global_step = first_step + data.steps_per_epoch(run.ds.n_train, self.cfg.global_batch)
+        return 0
 
-def _stopped(cfg, state, signum, epoch):
-    name = StopRequest.name(signum)
-    if not cfg.checkpoint_dir:
-        comm.print0("hpcdl train: stopped by %s before epoch %d; no --checkpoint-dir, so "
-                    "nothing was saved" % (name, epoch))
-        return None
-    path = checkpoint.path_in(cfg.checkpoint_dir)
-    checkpoint.save(path, state)
-    comm.print0("hpcdl train: stopped by %s before epoch %d; checkpoint %s; rerun with "
-                "--resume to continue" % (name, epoch, path))
-    return None
+    def end_epoch(self, run):
+        return {}  # sync_model gave every rank the servers' model and worker 0's buffers
+
+    def finish(self):
+        """Collective, after the last epoch: the summary's extra fields; frees
+        the servers' communicator."""
+        stats = self.ps.gather_stats()
+        self.ps.close()
+        cfg = self.cfg
+        return dict(optimizer="sgd", precision="fp32", ps_ranks=cfg.ps_ranks,
+                    staleness=cfg.staleness,
+                    max_staleness=max((s.get("max_staleness", 0) for s in stats), default=0),
+                    skipped_steps=0)
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self):
+        return {"ps": self.ps.state_dict(), "scheduler": self.sched.state_dict()}
+
+    def load_state_dict(self, state):
+        self.ps.load_state_dict(state["ps"])
+        self.sched.load_state_dict(state["scheduler"])

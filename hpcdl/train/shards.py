@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import comm
-from .config import ConfigError
+from .errors import ConfigError
 
 
 class ShardSource:
@@ -36,7 +36,7 @@ class ShardSource:
         self.image_shape = shape if len(shape) == 3 else None
         self.num_features = int(np.prod(shape))
         stats = self.train.feature_stats() if comm.rank() == 0 else None
-        mean, std = comm.world().mpi.bcast(stats, root=0)
+        mean, std = comm.bcast_object(stats, root=0)
         self._mean = torch.from_numpy(mean.astype(np.float32))
         self._std = torch.from_numpy(std.astype(np.float32))
 

@@ -4,8 +4,6 @@ boundary the ranks agree (one tiny all-reduce), so all of them stop after the
 same step, save one checkpoint and exit 0, wherever the signal landed."""
 import signal
 
-import torch
-
 from .. import comm
 
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
@@ -23,9 +21,7 @@ class StopRequest:
 
     def agreed(self):
         """The signal number if any rank got one (the largest), else 0. Collective."""
-        flag = torch.tensor([self.signum], dtype=torch.int32)
-        comm.allreduce(flag, op="max")
-        return int(flag.item())
+        return comm.any_rank(self.signum)
 
     def restore(self):
         for s, handler in self._previous.items():

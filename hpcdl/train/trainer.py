@@ -1,18 +1,44 @@
-"""trainer.py - synchronous data-parallel training, the loop behind `hpcdl train`.
-
-Every rank holds the whole model; they start identical (rank 0's weights are
-broadcast, or every rank loads the same checkpoint). Each step every rank
-computes gradients on its own L-sample slice of the global batch of G
-(data.epoch_shard); hpcdl.torch.DistributedOptimizer averages them in fusion
-buckets while backward runs; every rank takes the same step. Because the
-slices are equal, the average of the slice-mean gradients is the gradient of
-the whole batch: N ranks follow the path of one process with the same G and
-seed, up to float rounding (models with batch norm normalise per rank, as
-DDP does, so they follow it only approximately).
+"""trainer.py - the training loop behind `hpcdl train`, one loop for every mode.
 
     hpcdl train -n 4                        # relaunches itself under mpirun
     mpirun -n 4 python -m hpcdl train       # the same, launched by hand (or srun)
     python -m hpcdl train                   # one process
+    hpcdl train -n 3 --mode ps-bsp          # the same loop over a parameter server
+
+train() reads top to bottom like a training script: distributed state set in
+one block, then data, model, the strategy's optimizer, resume, the loop of
+epochs, the summary. The loop is shared by every mode: data loading (each
+step's rows from data.epoch_shard, so N ranks read the global batches one
+process would), resume from a checkpoint, the stop request (a signal ends the
+run at a step boundary every rank agrees on), evaluation, the epoch record,
+checkpoint timing and the summary, all kept in one Run record.
+
+A *strategy* decides the rest: how gradients meet and how state is saved.
+
+    --mode          strategy                       gradients meet in
+    allreduce       allreduce.AllReduce            DistributedOptimizer's bucketed all-reduce
+    ps-bsp|asp|ssp  ps_mode.ParameterServer        pushes to and pulls from hpcdl.ps servers
+
+Adding a strategy (ZeRO sharded training is next): write hpcdl/train/zero.py
+with a class of the interface below (copy allreduce.py, the reference), add
+its mode to config.MODES and one line to STRATEGIES here. The loop does not
+change. A strategy never imports this module; this module imports them.
+
+    Strategy(cfg)                          after comm.init(); sets .device
+    .build(model, steps)                   optimizer, lr schedule (collective); then
+                                           .data_rank / .data_ranks: the slice of each
+                                           global batch this rank reads
+    .start_fresh()                         identical replicas when not resuming
+    .describe(ds) -> str                   the set-up line
+    .lr() -> float                         the current learning rate
+    .train_epoch(run, rows, reporter, stop) -> signal number or 0
+                                           the rest of run.epoch's steps: ask stop.agreed()
+                                           where this strategy may stop, call
+                                           run.step_done() per step taken
+    .end_epoch(run) -> dict                collective; extra fields of the epoch record
+    .state_dict() / .load_state_dict(s)    the strategy's part of a checkpoint
+    .finish() -> dict                      collective, after the last epoch; extra summary
+                                           fields (optimizer, precision, skipped_steps, ...)
 """
 import os
 import socket
@@ -24,69 +50,92 @@ import torch.nn.functional as F
 
 from .. import comm
 from . import build, checkpoint, data
-from .config import ConfigError
-from .precision import LossScaler, autocast
+from .allreduce import AllReduce
+from .errors import ConfigError
+from .precision import autocast
+from .ps_mode import ParameterServer
 from .report import Reporter, params_digest
 from .stop import StopRequest
 
+STRATEGIES = {"allreduce": AllReduce, "ps-bsp": ParameterServer, "ps-asp": ParameterServer,
+              "ps-ssp": ParameterServer}
 
+
+def train(cfg):
+    """Runs cfg on the ranks of this job (collective). Returns the summary dict
+    (the same on every rank), or None when a signal stopped the run early."""
+    t_start = time.perf_counter()
+    stop = StopRequest()  # before the slow setup: a signal during it is not lost
+
+    # distributed state, in one block: the job's ranks and the strategy that
+    # spreads the work over them (it picks the device, and threads, too)
+    comm.init()
+    cfg.check(comm.size())
+    strategy = STRATEGIES[cfg.mode](cfg)
+
+    # data, model, optimizer: identical replicas on every rank
+    torch.manual_seed(cfg.seed)
+    ds, steps = load_data(cfg)
+    model = build.build_model(cfg, ds).to(strategy.device)
+    strategy.build(model, steps)
+    run = Run(cfg, ds, model, strategy)
+    resume_or_start(run)
+    comm.print0("hpcdl train: " + strategy.describe(ds))
+
+    # the loop
+    reporter = Reporter(cfg, resumed=run.global_step > 0)
+    rec = None
+    try:
+        while run.epoch <= cfg.epochs:
+            signum = train_epoch(run, reporter, stop)
+            if signum:
+                return stopped(run, signum)
+            rec = end_epoch(run, reporter)
+            if cfg.checkpoint_dir and (rec["epoch"] % cfg.checkpoint_every == 0
+                                       or rec["epoch"] == cfg.epochs):
+                save_checkpoint(run)
+        extra = strategy.finish()
+    finally:
+        reporter.close()
+        stop.restore()
+    if rec is None:  # resumed from a checkpoint of a finished run
+        test_loss, test_acc = evaluate(model, ds, strategy.device, cfg.precision)
+        rec = dict(test_loss=test_loss, test_accuracy=test_acc)
+    summary = summarize(run, rec, time.perf_counter() - t_start, extra)
+    reporter.finish(summary, model)
+    return summary
+
+
+# ---------------------------------------------------------------- the run record
 @dataclass
 class Run:
     """One training run's objects and where it stands."""
     cfg: object
     ds: object
     model: torch.nn.Module
-    opt: object                 # hpcdl.torch.DistributedOptimizer
-    sched: object               # per-step LR scheduler
-    scaler: LossScaler = None   # fp16 only
-    compression: object = None
-    device: torch.device = torch.device("cpu")
+    strategy: object            # how gradients meet and state is saved (see above)
     epoch: int = 1              # the epoch in progress (1-based)
     step_in_epoch: int = 0      # steps of it already taken
     global_step: int = 0
-    sums: dict = field(default_factory=lambda: dict(loss=0.0, correct=0.0, seen=0.0,
-                                                    time=0.0))
+    sums: dict = field(default_factory=lambda: zero_sums())  # this rank's, of the epoch
     train_time: float = 0.0     # seconds in completed epochs' training loops
     train_samples: int = 0
 
-
-# ---------------------------------------------------------------- setup
-def pick_device():
-    """One GPU per local rank when there are GPUs, else the CPU."""
-    from ..utils.device import select_device
-    device = select_device()
-    if device.type == "cpu":  # the node's cores are shared by its ranks: split threads
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.local_size()))
-    return device
-
-
-def setup(cfg):
-    """Checks cfg against the job, loads data, builds identical replicas, and
-    restores a checkpoint when resuming. Returns a Run."""
-    from .. import torch as hvd
-    hvd.init()
-    cfg.check(comm.size())
-    device = pick_device()
-    torch.manual_seed(cfg.seed)
-    ds, steps = load_data(cfg)
-    model = build.build_model(cfg, ds).to(device)
-    local = build.build_optimizer(cfg, model)
-    compression = build.build_compression(cfg.compression)
-    opt = hvd.DistributedOptimizer(local, named_parameters=model.named_parameters(),
-                                   compression=compression)
-    sched = build.build_schedule(cfg, opt, steps)
-    scaler = LossScaler(agree=_any_rank) if cfg.precision == "fp16" else None
-    run = Run(cfg, ds, model, opt, sched, scaler, compression, device)
-    path = resume_path(cfg)
-    if path:
-        restore(run, checkpoint.load(path, cfg, model))
-        comm.print0("hpcdl train: resumed from %s at epoch %d step %d"
-                    % (path, run.epoch, run.step_in_epoch))
-    else:
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    return run
+    def step_done(self, s, loss_sum, correct, seen, reporter):
+        """Step s of the epoch is taken: its summed loss and correct count over
+        this rank's seen samples."""
+        self.sums["loss"] += loss_sum
+        self.sums["correct"] += correct
+        self.sums["seen"] += seen
+        self.step_in_epoch, self.global_step = s + 1, self.global_step + 1
+        reporter.step(s, loss_sum / seen)
 
 
+def zero_sums():
+    return dict(loss=0.0, correct=0.0, seen=0.0, time=0.0)
+
+
+# ---------------------------------------------------------------- data and resume
 def load_data(cfg):
     """(data source, steps per epoch); ConfigError if not one global batch fits."""
     ds = data.load(cfg.data, cfg.seed, cfg.test_fraction, workers=cfg.workers,
@@ -112,54 +161,35 @@ def resume_path(cfg):
     return None
 
 
-def _any_rank(flag):
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    comm.allreduce(t, op="max")
-    return bool(t.item())
+def resume_or_start(run):
+    """Restores the checkpoint when resuming, else makes the replicas identical."""
+    path = resume_path(run.cfg)
+    if not path:
+        run.strategy.start_fresh()
+        return
+    state = checkpoint.load(path, run.cfg, run.model)
+    run.strategy.load_state_dict(state)
+    pos = state["position"]
+    run.epoch, run.step_in_epoch, run.global_step = (
+        pos["epoch"], pos["step_in_epoch"], pos["global_step"])
+    run.sums = dict(state.get("sums", zero_sums()))
+    run.train_time, run.train_samples = state["train_time"], state["train_samples"]
+    comm.print0("hpcdl train: resumed from %s at epoch %d step %d"
+                % (path, run.epoch, run.step_in_epoch))
 
 
 # ---------------------------------------------------------------- checkpoints
 def state_of(run):
-    """Everything the next step depends on (see checkpoint.py)."""
-    residuals = getattr(run.compression, "_residuals", None)
-    return {
+    """Everything the next step depends on (see checkpoint.py): the run's
+    position and sums, and the strategy's state."""
+    return dict({
         "format": checkpoint.FORMAT,
         "meta": checkpoint.meta_of(run.cfg, run.model),
         "position": {"epoch": run.epoch, "step_in_epoch": run.step_in_epoch,
                      "global_step": run.global_step},
         "sums": dict(run.sums), "train_time": run.train_time,
         "train_samples": run.train_samples,
-        "model": run.model.state_dict(), "optimizer": run.opt.state_dict(),
-        "scheduler": run.sched.state_dict(),
-        "scaler": run.scaler.state_dict() if run.scaler else None,
-        "rng": {"torch": torch.get_rng_state()},
-        # top-k residuals differ per rank: rank r's dict is item r
-        "residuals": (comm.world().mpi.gather(dict(residuals), root=0)
-                      if residuals is not None else None),
-        "ranks": comm.size(),
-    }
-
-
-def restore(run, state):
-    run.model.load_state_dict(state["model"])
-    run.opt.load_state_dict(state["optimizer"])
-    run.sched.load_state_dict(state["scheduler"])
-    if run.scaler is not None and state["scaler"] is not None:
-        run.scaler.load_state_dict(state["scaler"])
-    torch.set_rng_state(state["rng"]["torch"])
-    pos = state["position"]
-    run.epoch, run.step_in_epoch, run.global_step = (
-        pos["epoch"], pos["step_in_epoch"], pos["global_step"])
-    run.sums, run.train_time = dict(state["sums"]), state["train_time"]
-    run.train_samples = state["train_samples"]
-    residuals = state["residuals"]
-    if residuals is not None and hasattr(run.compression, "_residuals"):
-        if state["ranks"] == comm.size():
-            run.compression._residuals.update(residuals[comm.rank()])
-        else:
-            comm.warn("top-k residuals were saved by %d ranks, this job has %d: they start "
-                      "from zero (the run will not match an uninterrupted one exactly)"
-                      % (state["ranks"], comm.size()))
+    }, **run.strategy.state_dict())
 
 
 def save_checkpoint(run):
@@ -168,26 +198,31 @@ def save_checkpoint(run):
     return path
 
 
-# ---------------------------------------------------------------- one step
-def train_step(run, x, y):
-    """One synchronous step on this rank's slice. Returns (summed loss, correct)
-    over the slice, before the update."""
-    x, y = x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True)
-    run.opt.zero_grad()
-    with autocast(run.cfg.precision, run.device):
-        logits = run.model(x)
-    loss = F.cross_entropy(logits.float(), y)
-    if run.scaler is None:
-        loss.backward()
-        run.opt.step()
-    else:  # fp16: scaled backward, averaged grads checked for overflow on every rank
-        run.scaler.scale_loss(loss).backward()
-        run.opt.synchronize()
-        if run.scaler.unscale_and_check(run.model.parameters()):
-            with run.opt.skip_synchronize():
-                run.opt.step()
-    run.sched.step()
-    return loss.item() * len(y), (logits.argmax(1) == y).sum().item()
+def stopped(run, signum):
+    """A signal asked every rank to stop: checkpoint and return None."""
+    name = StopRequest.name(signum)
+    if not run.cfg.checkpoint_dir:
+        comm.print0("hpcdl train: stopped by %s at epoch %d step %d; no --checkpoint-dir, "
+                    "so nothing was saved" % (name, run.epoch, run.step_in_epoch))
+        return None
+    path = save_checkpoint(run)
+    comm.print0("hpcdl train: stopped by %s at epoch %d step %d; checkpoint %s; rerun with "
+                "--resume to continue" % (name, run.epoch, run.step_in_epoch, path))
+    return None
+
+
+# ---------------------------------------------------------------- one epoch
+def train_epoch(run, reporter, stop):
+    """The rest of run.epoch's steps, by the strategy. Returns the signal
+    number if the ranks agreed to stop before the epoch ended, else 0."""
+    cfg, strategy = run.cfg, run.strategy
+    rows = data.epoch_shard(run.ds.n_train, cfg.global_batch, strategy.data_rank,
+                            strategy.data_ranks, cfg.seed, run.epoch)
+    reporter.start_epoch(run.epoch, len(rows), run.step_in_epoch)
+    t0 = time.perf_counter()
+    signum = strategy.train_epoch(run, rows, reporter, stop)
+    run.sums["time"] += time.perf_counter() - t0
+    return signum
 
 
 def global_sums(*values):
@@ -195,33 +230,6 @@ def global_sums(*values):
     t = torch.tensor(values, dtype=torch.float64)
     comm.allreduce(t, op="sum")
     return t.tolist()
-
-
-# ---------------------------------------------------------------- one epoch
-def train_epoch(run, reporter, stop):
-    """The rest of run.epoch's steps. Returns the signal number if the ranks
-    agreed to stop before the epoch ended, else 0."""
-    cfg = run.cfg
-    rows = data.epoch_shard(run.ds.n_train, cfg.global_batch, comm.rank(), comm.size(),
-                            cfg.seed, run.epoch)
-    run.model.train()
-    reporter.start_epoch(run.epoch, len(rows), run.step_in_epoch)
-    batches = run.ds.train_batches(rows[run.step_in_epoch:])
-    t0 = time.perf_counter()
-    for s in range(run.step_in_epoch, len(rows)):
-        signum = stop.agreed()
-        if signum:
-            run.sums["time"] += time.perf_counter() - t0
-            return signum
-        x, y = next(batches)
-        loss_sum, correct = train_step(run, x, y)
-        run.sums["loss"] += loss_sum
-        run.sums["correct"] += correct
-        run.sums["seen"] += len(y)
-        run.step_in_epoch, run.global_step = s + 1, run.global_step + 1
-        reporter.step(s, loss_sum / len(y))
-    run.sums["time"] += time.perf_counter() - t0
-    return 0
 
 
 @torch.no_grad()
@@ -242,93 +250,31 @@ def evaluate(model, ds, device, precision="fp32"):
 
 def end_epoch(run, reporter):
     """Global metrics of the finished epoch, its record, and the next epoch's start."""
-    from .. import torch as hvd
-    # batch-norm statistics are per rank: use rank 0's, as DDP does
-    buffers = {k: v for k, v in run.model.named_buffers() if v.is_floating_point()}
-    if buffers:
-        hvd.broadcast_parameters(buffers, root_rank=0)
+    extra = run.strategy.end_epoch(run)
     loss_sum, correct, seen, dt = global_sums(run.sums["loss"], run.sums["correct"],
                                               run.sums["seen"], run.sums["time"])
     dt /= comm.size()  # mean over ranks of the epoch's training time
-    test_loss, test_acc = evaluate(run.model, run.ds, run.device, run.cfg.precision)
+    test_loss, test_acc = evaluate(run.model, run.ds, run.strategy.device, run.cfg.precision)
     rec = dict(epoch=run.epoch, step=run.global_step, loss=loss_sum / seen,
                accuracy=correct / seen, test_loss=test_loss, test_accuracy=test_acc,
-               lr=run.opt.param_groups[0]["lr"], samples_per_s=seen / dt, epoch_time_s=dt)
-    if run.scaler is not None:
-        rec["loss_scale"], rec["skipped_steps"] = run.scaler.scale, run.scaler.skipped
+               lr=run.strategy.lr(), samples_per_s=seen / dt, epoch_time_s=dt, **extra)
     reporter.end_epoch(rec)
     run.train_time += dt
     run.train_samples += int(seen)
     run.epoch, run.step_in_epoch = run.epoch + 1, 0
-    run.sums = dict(loss=0.0, correct=0.0, seen=0.0, time=0.0)
+    run.sums = zero_sums()
     return rec
 
 
-# ---------------------------------------------------------------- the run
-def report_setup(run):
-    cfg, ds, size = run.cfg, run.ds, comm.size()
-    comm.print0("hpcdl train: %s on %s (%d train / %d test), %d rank(s), global batch %d "
-                "(%d per rank), %d steps/epoch, %s lr %g (base %g, %s scaling), warmup %g "
-                "epoch(s), %s schedule, %s precision, %s compression, seed %d, %s"
-                % (cfg.model, cfg.data, ds.n_train, ds.n_test, size, cfg.global_batch,
-                   cfg.global_batch // size, data.steps_per_epoch(ds.n_train, cfg.global_batch),
-                   cfg.optimizer, build.peak_lr(cfg), cfg.base_lr, cfg.lr_scaling,
-                   cfg.warmup_epochs, cfg.schedule, cfg.precision, cfg.compression, cfg.seed,
-                   run.device))
-
-
-def train(cfg):
-    """Runs cfg on the ranks of this job (collective). Returns the summary dict
-    (the same on every rank), or None when a signal stopped the run early."""
-    if cfg.mode.startswith("ps-"):
-        from .ps_mode import train_ps
-        return train_ps(cfg)
-    t_start = time.perf_counter()
-    stop = StopRequest()  # before the slow setup: a signal during it is not lost
-    run = setup(cfg)
-    report_setup(run)
-    reporter = Reporter(cfg, resumed=run.global_step > 0)
-    rec = None
-    try:
-        while run.epoch <= cfg.epochs:
-            signum = train_epoch(run, reporter, stop)
-            if signum:
-                return stopped(run, signum)
-            rec = end_epoch(run, reporter)
-            if cfg.checkpoint_dir and (rec["epoch"] % cfg.checkpoint_every == 0
-                                       or rec["epoch"] == cfg.epochs):
-                save_checkpoint(run)
-    finally:
-        reporter.close()
-        stop.restore()
-    if rec is None:  # resumed from a checkpoint of a finished run
-        test_loss, test_acc = evaluate(run.model, run.ds, run.device, run.cfg.precision)
-        rec = dict(test_loss=test_loss, test_accuracy=test_acc)
-    summary = summarize(run, rec, time.perf_counter() - t_start)
-    reporter.finish(summary, run.model)
-    return summary
-
-
-def stopped(run, signum):
-    """A signal asked every rank to stop: checkpoint and return None."""
-    name = StopRequest.name(signum)
-    if not run.cfg.checkpoint_dir:
-        comm.print0("hpcdl train: stopped by %s at epoch %d step %d; no --checkpoint-dir, "
-                    "so nothing was saved" % (name, run.epoch, run.step_in_epoch))
-        return None
-    path = save_checkpoint(run)
-    comm.print0("hpcdl train: stopped by %s at epoch %d step %d; checkpoint %s; rerun with "
-                "--resume to continue" % (name, run.epoch, run.step_in_epoch, path))
-    return None
-
-
-def summarize(run, rec, wall):
-    hosts = comm.world().mpi.allgather(socket.gethostname())
+# ---------------------------------------------------------------- the summary
+def summarize(run, rec, wall, extra):
+    """The run's summary, the same on every rank; extra: the strategy's fields."""
+    hosts = comm.allgather_object(socket.gethostname())
+    cfg = run.cfg
     return dict(
         test_accuracy=rec["test_accuracy"], test_loss=rec["test_loss"],
         samples_per_s=run.train_samples / run.train_time if run.train_time else 0.0,
         wall_s=wall, ranks=comm.size(), nodes=len(set(hosts)),
-        global_batch=run.cfg.global_batch, model=run.cfg.model, data=run.cfg.data,
-        optimizer=run.cfg.optimizer, precision=run.cfg.precision, epochs=run.cfg.epochs,
-        steps=run.global_step, params_sha256=params_digest(run.model),
-        skipped_steps=run.scaler.skipped if run.scaler else 0)
+        global_batch=cfg.global_batch, model=cfg.model, data=cfg.data, epochs=cfg.epochs,
+        steps=run.global_step, mode=cfg.mode, params_sha256=params_digest(run.model),
+        **extra)

@@ -28,3 +28,12 @@ def allocation_tasks():
     """Tasks of this Slurm allocation (SLURM_NTASKS), None if Slurm does not say."""
     value = os.environ.get("SLURM_NTASKS", "")
     return int(value) if value.isdigit() else None
+
+
+def env_rank():
+    """Best guess at this process's rank before MPI is up (launcher env vars);
+    only for choosing who prints, never for topology."""
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0

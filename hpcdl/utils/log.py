@@ -1,15 +1,28 @@
 """log.py - printing in a multi-rank job: print0 for rank 0 only, warnings and
-errors prefixed with the rank, a logger whose records carry the rank."""
+errors prefixed with the rank, a logger whose records carry the rank.
+
+The one rank-0 printer for all of hpcdl. It imports no MPI: hpcdl.comm.init()
+tells it the rank (set_rank); before that, and in a plain process, the rank
+is the launcher's (utils/launch.env_rank), so it works for hpcdl.data and the
+CLI without starting MPI.
+"""
 import logging
+import os
 import sys
+
+from .launch import env_rank
+
+_rank_from_comm = None  # set by hpcdl.comm.init(), cleared by its shutdown()
+
+
+def set_rank(rank):
+    """The rank that print0 / warn / error use from now on (None: the launcher's)."""
+    global _rank_from_comm
+    _rank_from_comm = rank
 
 
 def _rank():
-    # the rank from MPI once hpcdl.comm is up; from the launcher before that
-    from .. import comm
-    if comm.is_initialized():
-        return comm.rank()
-    return comm.env_rank()
+    return _rank_from_comm if _rank_from_comm is not None else env_rank()
 
 
 def print0(*args, **kwargs):
@@ -35,7 +48,6 @@ class _RankFilter(logging.Filter):
 
 def get_logger(name="hpcdl"):
     """A logger whose lines start with '[rank R]'; level from HPCDL_LOG_LEVEL."""
-    import os
     log = logging.getLogger(name)
     if not log.handlers:
         h = logging.StreamHandler(sys.stderr)

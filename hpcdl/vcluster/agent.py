@@ -64,10 +64,12 @@ def mpi_env(agent):
 
 def host_env(st, host, base=None):
     """The environment of a command run in host: the caller's, plus the MPI
-    parameters, plus HPCDL_VCLUSTER (the state folder) and HPCDL_VCLUSTER_HOST."""
+    parameters it does not set itself, plus HPCDL_VCLUSTER (the state folder)
+    and HPCDL_VCLUSTER_HOST."""
     env = dict(os.environ if base is None else base)
     env.pop("HOSTNAME", None)  # the caller's; the host's own comes from uname
-    env.update(mpi_env(state.path(AGENT_NAME)))
+    for key, value in mpi_env(state.path(AGENT_NAME)).items():
+        env.setdefault(key, value)  # the caller's own settings win (a test, a tuning)
     env["HPCDL_VCLUSTER"] = state.state_dir()
     env["HPCDL_VCLUSTER_HOST"] = host
     if st.get("link"):
@@ -90,3 +92,18 @@ def launch_hosts_problem(host_list):
     return ("-H names %s, not a host of this vcluster (hosts: %s); use those names, or "
             "`hpcdl vcluster down` and `up --hosts N` for more"
             % (", ".join(unknown), ", ".join(names) or "none: it is down"))
+
+
+def ranks_by_host(host_list, n):
+    """Which ranks mpirun -H places on which host, by slot (Open MPI's default
+    and hydra's): [('a', 2), ('b', 2)], 4 -> 'a 0-1, b 2-3'. After a failure,
+    this line plus mpirun's 'lost ... daemon on node b' names the lost ranks."""
+    parts, first = [], 0
+    for name, slots in host_list:
+        last = min(first + slots, n) - 1
+        if last < first:
+            break
+        parts.append("%s %s" % (name, first if last == first else "%d-%d" % (first, last)))
+        first = last + 1
+    more = " (ranks %d.. placed by mpirun beyond the slots)" % first if first < n else ""
+    return "ranks by host: " + ", ".join(parts) + more

@@ -18,8 +18,8 @@ G, STEPS, M, WD = 16 * W, 6, 0.9, 1e-3  # 16 samples per worker, 6 steps per rou
 
 
 def trainer(mode, staleness=None, seed=0):
-    return PSTrainer(mlp(seed), mode=mode, staleness=staleness, ps_ranks=K, momentum=M,
-                     weight_decay=WD)
+    return PSTrainer.create(mlp(seed), mode=mode, staleness=staleness, ps_ranks=K,
+                            momentum=M, weight_decay=WD)
 
 
 # 1. BSP for 2 rounds, keeping the state between them

@@ -26,13 +26,13 @@ for kwargs, words in ((dict(mode="ssp", staleness=-1), "--staleness is -1"),
                       (dict(mode="asp", staleness=2), "only applies to ps-ssp"),
                       (dict(mode="sync"), "unknown parameter-server mode")):
     try:
-        PSTrainer(mlp(), **kwargs)
+        PSTrainer.create(mlp(), **kwargs)
         check(False, "%s: no error" % kwargs)
     except PSConfigError as e:
         check(words in str(e), "%s: message %r lacks %r" % (kwargs, str(e), words))
 
 # 2. SSP(S) with a slow worker: the bound holds and is reached
-ssp = PSTrainer(mlp(), mode="ssp", staleness=S, momentum=0.9, record=True)
+ssp = PSTrainer.create(mlp(), mode="ssp", staleness=S, momentum=0.9, record=True)
 run_round(ssp, 1, G, 12, sleep=SLOW if ssp.worker_rank == 0 else 0.0)
 stats = ssp.gather_stats()
 lags = replay(stats[0]["events"], W)
@@ -55,7 +55,7 @@ def test_accuracy(model):
         return (model(DS.x_test).argmax(1) == DS.y_test).float().mean().item()
 
 
-asp = PSTrainer(mlp(), mode="asp", momentum=0.9)
+asp = PSTrainer.create(mlp(), mode="asp", momentum=0.9)
 start_loss = F.cross_entropy(asp.model(DS.x_train), DS.y_train).item()
 for epoch in (1, 2, 3):
     run_round(asp, epoch, G, 1000, sleep=0.005 if asp.worker_rank == 0 else 0.0)
@@ -76,7 +76,7 @@ if R == 0:
 
 # 4. misuse: worker 0 ends its round after 3 steps, the others try 5 under SSP(0).
 # They could never be answered: the server and the waiting workers raise, no hang.
-bad = PSTrainer(mlp(), mode="ssp", staleness=0)
+bad = PSTrainer.create(mlp(), mode="ssp", staleness=0)
 try:
     run_round(bad, 1, G, 3 if bad.worker_rank == 0 else 5)
     check(bad.worker_rank == 0, "unequal rounds: no error on rank %d" % R)

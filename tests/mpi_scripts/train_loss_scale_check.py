@@ -7,11 +7,10 @@ import torch
 
 from hpcdl import comm
 from hpcdl.train.precision import LossScaler
-from hpcdl.train.trainer import _any_rank
 
 comm.init()
 rank = comm.rank()
-scaler = LossScaler(init_scale=1024.0, growth_interval=3, agree=_any_rank)
+scaler = LossScaler(init_scale=1024.0, growth_interval=3, agree=comm.any_rank)
 p = torch.nn.Parameter(torch.zeros(5))
 results = []
 for step in range(6):

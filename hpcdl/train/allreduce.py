@@ -1,0 +1,159 @@
+"""allreduce.py - the trainer's all-reduce strategy (`--mode allreduce`, the
+default): synchronous data parallelism over hpcdl.torch.DistributedOptimizer.
+
+Every rank holds the whole model; they start identical (rank 0's weights are
+broadcast, or every rank loads the same checkpoint). Each step every rank
+computes gradients on its own L-sample slice of the global batch of G
+(data.epoch_shard); DistributedOptimizer averages them in fusion buckets
+while backward runs; every rank takes the same step. Because the slices are
+equal, the average of the slice-mean gradients is the gradient of the whole
+batch: N ranks follow the path of one process with the same G and seed, up to
+float rounding (models with batch norm normalise per rank, as DDP does, so
+they follow it only approximately).
+
+State saved: the replica (model, optimizer, schedule, loss scale, RNG) as
+every rank holds it, plus each rank's top-k residuals; rank 0 writes it.
+The loop around it is trainer.py's; the interface it fills is described there.
+"""
+import os
+
+import torch
+import torch.nn.functional as F
+
+from .. import comm
+from . import build, data
+from .precision import LossScaler, autocast
+
+
+def pick_device():
+    """One GPU per local rank when there are GPUs, else the CPU."""
+    from ..utils.device import select_device
+    device = select_device()
+    if device.type == "cpu":  # the node's cores are shared by its ranks: split threads
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.local_size()))
+    return device
+
+
+class AllReduce:
+    """Gradients meet in DistributedOptimizer's all-reduce; every rank steps alike."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.device = pick_device()
+        self.data_rank, self.data_ranks = comm.rank(), comm.size()
+        self.opt = self.sched = self.scaler = self.compression = None
+
+    # ------------------------------------------------------------ set-up
+    def build(self, model, steps):
+        """The local optimizer wrapped by DistributedOptimizer, its schedule,
+        the fp16 loss scaler (its overflow decision agreed by every rank)."""
+        from .. import torch as hvd
+        cfg = self.cfg
+        self.model = model
+        local = build.build_optimizer(cfg, model)
+        self.compression = build.build_compression(cfg.compression)
+        self.opt = hvd.DistributedOptimizer(local, named_parameters=model.named_parameters(),
+                                            compression=self.compression)
+        self.sched = build.build_schedule(cfg, self.opt, steps)
+        self.scaler = LossScaler(agree=comm.any_rank) if cfg.precision == "fp16" else None
+
+    def start_fresh(self):
+        """Rank 0's initial weights on every rank."""
+        from .. import torch as hvd
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+
+    def describe(self, ds):
+        cfg, size = self.cfg, comm.size()
+        return ("%s on %s (%d train / %d test), %d rank(s), global batch %d (%d per rank), %d "
+                "steps/epoch, %s lr %g (base %g, %s scaling), warmup %g epoch(s), %s schedule, "
+                "%s precision, %s compression, seed %d, %s"
+                % (cfg.model, cfg.data, ds.n_train, ds.n_test, size, cfg.global_batch,
+                   cfg.global_batch // size, data.steps_per_epoch(ds.n_train, cfg.global_batch),
+                   cfg.optimizer, build.peak_lr(cfg), cfg.base_lr, cfg.lr_scaling,
+                   cfg.warmup_epochs, cfg.schedule, cfg.precision, cfg.compression, cfg.seed,
+                   self.device))
+
+    def lr(self):
+        return self.opt.param_groups[0]["lr"]
+
+    # ------------------------------------------------------------ training
+    def train_epoch(self, run, rows, reporter, stop):
+        """The rest of the epoch's steps; the ranks may stop before any step.
+        Returns the signal number if they agreed to stop, else 0."""
+        self.model.train()
+        batches = run.ds.train_batches(rows[run.step_in_epoch:])
+        for s in range(run.step_in_epoch, len(rows)):
+            signum = stop.agreed()
+            if signum:
+                return signum
+            x, y = next(batches)
+            loss_sum, correct = self.train_step(x, y)
+            run.step_done(s, loss_sum, correct, len(y), reporter)
+        return 0
+
+    def train_step(self, x, y):
+        """One synchronous step on this rank's slice. Returns (summed loss,
+        correct) over the slice, before the update."""
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        self.opt.zero_grad()
+        with autocast(self.cfg.precision, self.device):
+            logits = self.model(x)
+        loss = F.cross_entropy(logits.float(), y)
+        if self.scaler is None:
+            loss.backward()
+            self.opt.step()
+        else:  # fp16: scaled backward, averaged grads checked for overflow on every rank
+            self.scaler.scale_loss(loss).backward()
+            self.opt.synchronize()
+            if self.scaler.unscale_and_check(self.model.parameters()):
+                with self.opt.skip_synchronize():
+                    self.opt.step()
+        self.sched.step()
+        return loss.item() * len(y), (logits.argmax(1) == y).sum().item()
+
+    def end_epoch(self, run):
+        """Batch-norm statistics are per rank: use rank 0's, as DDP does.
+        Returns the record's extra fields."""
+        from .. import torch as hvd
+        buffers = {k: v for k, v in self.model.named_buffers() if v.is_floating_point()}
+        if buffers:
+            hvd.broadcast_parameters(buffers, root_rank=0)
+        if self.scaler is None:
+            return {}
+        return dict(loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped)
+
+    def finish(self):
+        """Collective, after the last epoch: the summary's extra fields."""
+        return dict(optimizer=self.cfg.optimizer, precision=self.cfg.precision,
+                    skipped_steps=self.scaler.skipped if self.scaler else 0)
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self):
+        """Everything of the replica the next step depends on (see checkpoint.py)."""
+        compression = getattr(self.compression, "state_dict", None)  # stateful: top-k
+        return {
+            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "rng": {"torch": torch.get_rng_state()},
+            # top-k residuals differ per rank: rank r's dict is item r
+            "residuals": comm.gather_object(compression(), root=0) if compression else None,
+            "ranks": comm.size(),
+        }
+
+    def load_state_dict(self, state):
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state["scaler"] is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        residuals = state["residuals"]
+        if residuals is not None and hasattr(self.compression, "load_state_dict"):
+            if state["ranks"] == comm.size():
+                self.compression.load_state_dict(residuals[comm.rank()])
+            else:
+                comm.warn("top-k residuals were saved by %d ranks, this job has %d: they start "
+                          "from zero (the run will not match an uninterrupted one exactly)"
+                          % (state["ranks"], comm.size()))
+

@@ -1,0 +1,394 @@
+"""test_vcluster.py - multi-node paths across a real network: `hpcdl vcluster`
+makes 3 hosts (network namespaces on a bridge, own hostname, /tmp, /dev/shm),
+once for the module, and every launch starts in node1 and crosses the hosts'
+veth links over TCP. Topology comes from MPI's own node split (no
+HPCDL_LOCAL_SIZE). Needs root: as an ordinary user the module skips, saying
+why; with HPCDL_REQUIRE_VCLUSTER=1 (CI) it fails instead. Every launch has a
+hard timeout; the cluster is always taken down, and the last tests check that
+down leaves nothing behind."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hpcdl.vcluster import hostns, state
+from mpi_harness import REPO, mpi_env
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "mpi_scripts")
+PY = sys.executable
+HPCDL = [PY, "-m", "hpcdl"]
+HOSTS = ["node1", "node2", "node3"]
+LAYOUTS = {"2x2": (4, "node1:2,node2:2"), "3x1": (3, "node1:1,node2:1,node3:1")}
+REQUIRED = os.environ.get("HPCDL_REQUIRE_VCLUSTER") == "1"
+
+
+def _why_not():
+    """Why this machine cannot run a vcluster, or None."""
+    if os.geteuid() != 0:
+        return "hpcdl vcluster needs root (network namespaces); run the tests as root"
+    missing = [t for t in ("ip", "tc", "nsenter", "unshare") if not shutil.which(t)]
+    if missing:
+        return "missing %s (apt-get install iproute2 util-linux)" % ", ".join(missing)
+    return None
+
+
+if _why_not():
+    if REQUIRED:
+        pytest.fail("HPCDL_REQUIRE_VCLUSTER=1 but " + _why_not(), pytrace=False)
+    pytest.skip(_why_not(), allow_module_level=True)
+
+
+# ---------------------------------------------------------------- helpers
+def cli(*args, timeout=60):
+    """`hpcdl ARGS` in this namespace; CompletedProcess, output merged."""
+    return subprocess.run(HPCDL + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout, cwd=REPO, env=mpi_env())
+
+
+def leftovers():
+    """{host: pids} of processes still running in the hosts (holders aside)."""
+    st = state.load() or {"hosts": []}
+    out = {h["name"]: hostns.processes_in(h["name"], skip=(h["holder"],))
+           for h in st["hosts"]}
+    return {h: p for h, p in out.items() if p}
+
+
+def wait_no_leftovers(timeout=10):
+    deadline = time.time() + timeout
+    while leftovers() and time.time() < deadline:
+        time.sleep(0.2)
+    return leftovers()
+
+
+def vexec(host, cmd, timeout=90, env=None, check=False):
+    """`hpcdl vcluster exec HOST -- CMD` with a hard timeout; on timeout every
+    process on every host is killed and the test fails with the output."""
+    proc = subprocess.Popen(HPCDL + ["vcluster", "exec", host, "--"] + list(cmd),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, env=mpi_env(env), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pids in leftovers().values():
+            hostns.kill_pids(pids, grace_s=0)
+        out, _ = proc.communicate()
+        pytest.fail("launch timed out after %ss: %s\n%s" % (timeout, cmd, out), pytrace=False)
+    if check and proc.returncode != 0:
+        pytest.fail("exit %d: %s\n%s" % (proc.returncode, cmd, out), pytrace=False)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def hrun(layout, cmd, timeout=90, env=None, check=True):
+    """`hpcdl run -n N -H LAYOUT -- CMD` started in node1; asserts that no
+    process of it is left on any host afterwards."""
+    n, hosts = LAYOUTS[layout]
+    r = vexec("node1", HPCDL + ["run", "-n", str(n), "-H", hosts, "--"] + list(cmd),
+              timeout=timeout, env=env, check=check)
+    assert not wait_no_leftovers(), "processes left on the hosts: %s" % leftovers()
+    return r
+
+
+def said(out, word):
+    """How often the ranks printed word (hpcdl run's echo of the command aside)."""
+    return sum(l.count(word) for l in out.splitlines() if not l.startswith("hpcdl run:"))
+
+
+def namespace_inodes(pid):
+    return {kind: os.stat("/proc/%d/ns/%s" % (pid, kind)).st_ino
+            for kind in ("net", "mnt", "uts", "ipc")}
+
+
+def processes_in_namespaces(inodes):
+    """Pids of processes in any of the given namespace inodes."""
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if set(namespace_inodes(int(p)).values()) & inodes:
+                out.append(int(p))
+        except OSError:
+            pass
+    return out
+
+
+def machine_snapshot():
+    """What down must give back: netns names, links, /etc/hosts, mounts."""
+    return {"netns": subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                    text=True).stdout,
+            "links": sorted(re.findall(r"^\d+: ([^:@]+)", subprocess.run(
+                ["ip", "-o", "link"], capture_output=True, text=True).stdout, re.M)),
+            "etc_hosts": open("/etc/hosts").read(),
+            "mounts": sorted(l.split()[4] for l in open("/proc/self/mountinfo"))}
+
+
+@pytest.fixture(scope="module")
+def vc():
+    """3 hosts x 2 slots for the module; always down at the end. Yields the
+    machine before up and the namespace inodes of the hosts."""
+    before = machine_snapshot()
+    r = cli("vcluster", "up", "--hosts", "3", "--slots", "2")
+    if r.returncode != 0:
+        cli("vcluster", "down")
+        pytest.fail("vcluster up failed:\n" + r.stdout, pytrace=False)
+    try:
+        st = state.load()
+        inodes = set()
+        for h in st["hosts"]:
+            inodes |= set(namespace_inodes(h["holder"]).values())
+        yield {"before": before, "inodes": inodes, "state": st}
+    finally:
+        cli("vcluster", "down")
+
+
+# ---------------------------------------------------------------- the hosts
+def test_hosts_have_own_names_scratch_and_links(vc):
+    marker = "vc-%d" % os.getpid()
+    r = vexec("node2", ["sh", "-c", "hostname; pwd; echo $MARK; getent hosts node3; "
+                        "echo 2 > /tmp/%s; echo 2 > /dev/shm/%s; ls /tmp /dev/shm; "
+                        "ip -o -4 addr show eth0" % (marker, marker)],
+              env={"MARK": marker}, check=True)
+    lines = r.stdout.split()
+    assert lines[:3] == ["node2", REPO, marker], r.stdout          # name, folder, env
+    assert "10.213.0.13" in r.stdout and "10.213.0.12/24" in r.stdout, r.stdout
+    # node-local scratch: node2's files are seen on node2 only
+    r = vexec("node1", ["sh", "-c", "ls /tmp /dev/shm"], check=True)
+    assert marker not in r.stdout and not os.path.exists("/tmp/" + marker)
+    assert not os.path.exists("/dev/shm/" + marker)
+    r = vexec("node2", ["cat", "/tmp/" + marker, "/dev/shm/" + marker], check=True)
+    assert r.stdout.split() == ["2", "2"], r.stdout
+
+
+def test_exit_status_passes_through(vc):
+    assert vexec("node3", ["sh", "-c", "exit 7"]).returncode == 7
+
+
+@pytest.mark.parametrize("layout", ["2x2", "3x1"])
+def test_topology_from_the_real_node_split(vc, layout):
+    r = hrun(layout, [PY, os.path.join(SCRIPTS, "hosts_topology.py")])
+    rows = sorted(l.split()[1:] for l in r.stdout.splitlines() if l.startswith("HOST "))
+    n, local, cross = (4, 2, 2) if layout == "2x2" else (3, 1, 3)
+    assert len(rows) == n and "TOPOLOGY OK" in r.stdout, r.stdout
+    for rank, size, lrank, lsize, crank, csize, host in rows:
+        assert (int(size), int(lsize), int(csize)) == (n, local, cross), rows
+        assert host == "node%d" % (int(crank) + 1), rows  # by slot: node1 first
+
+
+def test_shared_memory_within_a_host_tcp_across(vc):
+    # each host's /dev/shm is its own: shared memory alone cannot join two hosts
+    code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; "
+            "[c.sendrecv(c.rank, dest=p, source=p) for p in range(c.size)]; print('JOINED')")
+    r = hrun("2x2", [PY, "-c", code], env={"OMPI_MCA_btl": "self,vader"}, check=False)
+    assert r.returncode != 0 and "unable to reach each other" in r.stdout, r.stdout
+    assert said(r.stdout, "JOINED") == 0, r.stdout
+    r = vexec("node1", HPCDL + ["run", "-n", "2", "-H", "node1:2", "--", PY, "-c", code],
+              env={"OMPI_MCA_btl": "self,vader"}, check=True)
+    assert said(r.stdout, "JOINED") == 2, r.stdout
+    # and the bytes of a cross-host all-reduce go over node2's link
+    rx = "/sys/class/net/eth0/statistics/rx_bytes"
+    before = int(vexec("node2", ["cat", rx], check=True).stdout)
+    code = ("import numpy as np; from hpcdl import comm; c = comm.init(); "
+            "x = np.ones(4 << 20, np.float32); c.allreduce(x, algorithm='ring'); "
+            "assert x[0] == c.size; print('SUMMED')")
+    r = hrun("2x2", [PY, "-c", code])
+    after = int(vexec("node2", ["cat", rx], check=True).stdout)
+    assert said(r.stdout, "SUMMED") == 4 and after - before > 16 << 20, (after - before)
+
+
+# ---------------------------------------------------------------- collectives
+PARTS = [("2x2", p) for p in ["float32", "float64", "float16", "int32", "int64", "other"]] \
+    + [("3x1", p) for p in ["float32", "float16", "int64", "other"]]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("layout,part", PARTS)
+def test_collectives_across_hosts(vc, layout, part):
+    # sizes 0, 1, N-1, odd, 1 MiB+3; every op and algorithm; against MPI's own
+    r = hrun(layout, [PY, os.path.join(SCRIPTS, "collectives_check.py"), part])
+    assert "FAILED 0" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("layout,algo", [("2x2", "hier"), ("2x2", "ring"), ("2x2", "auto"),
+                                         ("2x2", "mpi"), ("3x1", "hier"), ("3x1", "auto")])
+def test_allreduce_64mib_across_hosts(vc, layout, algo):
+    r = hrun(layout, [PY, os.path.join(SCRIPTS, "collectives_check.py"), "big:" + algo,
+                      str(64 << 20)], timeout=180)
+    assert "FAILED 0" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("layout", ["2x2", "3x1"])
+def test_shared_buffers_across_hosts(vc, layout):
+    r = hrun(layout, [PY, os.path.join(SCRIPTS, "shared_buffer_check.py")], timeout=150)
+    assert "FAILED 0" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+def test_distributed_optimizer_exact_2x2(vc):
+    r = hrun("2x2", [PY, os.path.join(SCRIPTS, "torch_optimizer_exact.py"),
+                     "sgd", "2", "none", "2e-5"])
+    assert r.stdout.count("EXACT") == 4, r.stdout
+
+
+# ---------------------------------------------------------------- training
+def _train(hosts, out, epochs=2, timeout=180):
+    cmd = HPCDL + ["train", "-n", "2", "-H", hosts, "--epochs", str(epochs),
+                   "--global-batch", "64", "--seed", "3", "--out", str(out)]
+    return vexec("node1", cmd, timeout=timeout)
+
+
+@pytest.mark.mpi
+def test_train_on_two_hosts_ends_like_one_host(vc, tmp_path):
+    # /work is shared by the hosts (not /tmp): run folders must be on it
+    base = tmp_path_shared(tmp_path)
+    one = _train("node1:2", os.path.join(base, "one"))
+    two = _train("node1:1,node2:1", os.path.join(base, "two"))
+    assert one.returncode == 0 and two.returncode == 0, one.stdout + two.stdout
+    sums = [json.load(open(os.path.join(base, d, "summary.json"))) for d in ("one", "two")]
+    assert sums[0]["params_sha256"] == sums[1]["params_sha256"], sums
+    assert not wait_no_leftovers()
+
+
+def tmp_path_shared(tmp_path):
+    """A run folder every host sees: pytest's tmp_path is under /tmp, which is
+    node-local in a vcluster, so use a folder in the repository's build area."""
+    base = os.path.join(REPO, "build", "test_vcluster", tmp_path.name)
+    os.makedirs(base, exist_ok=True)
+    return base
+
+
+def _fault(how):
+    if how == "kill":  # every process of the job on node2, at once
+        st = {h["name"]: h for h in state.load()["hosts"]}
+        hostns.kill_pids(hostns.processes_in("node2", skip=(st["node2"]["holder"],)),
+                         grace_s=0)
+    else:
+        subprocess.run(["ip", "-n", "node2", "link", "set", "eth0", "down"], check=True)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["kill", "link"])
+def test_lost_host_ends_the_job_everywhere(vc, tmp_path, how):
+    base = tmp_path_shared(tmp_path)
+    cmd = HPCDL + ["train", "-n", "2", "-H", "node1:1,node2:1", "--epochs", "200",
+                   "--global-batch", "64", "--out", base]
+    proc = subprocess.Popen(HPCDL + ["vcluster", "exec", "node1", "--"] + cmd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, env=mpi_env(), start_new_session=True)
+    try:
+        metrics = os.path.join(base, "metrics.jsonl")
+        deadline = time.time() + 120
+        while not (os.path.exists(metrics) and os.path.getsize(metrics)):  # training runs
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[0]
+            time.sleep(0.2)
+        t0 = time.time()
+        _fault(how)
+        out, _ = proc.communicate(timeout=30)
+        ended = time.time() - t0
+        left = wait_no_leftovers(timeout=max(1.0, 30 - (time.time() - t0)))
+        gone = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pids in leftovers().values():
+            hostns.kill_pids(pids, grace_s=0)
+        subprocess.run(["ip", "-n", "node2", "link", "set", "eth0", "up"])
+    assert proc.returncode != 0 and ended < 30, (ended, out)
+    assert not left and gone < 30, "left on the hosts after %.1f s: %s" % (gone, left)
+    # mpirun names the lost host, hpcdl run its ranks
+    assert re.search(r"node2", out) and "ranks by host: node1 0, node2 1" in out, out
+    print("%s: job ended after %.1f s, every process gone after %.1f s" % (how, ended, gone))
+
+
+# ---------------------------------------------------------------- bad input
+def test_up_while_up_says_so_and_changes_nothing(vc):
+    st = open(state.path(state.STATE_FILE)).read()
+    r = cli("vcluster", "up", "--hosts", "2")
+    assert r.returncode != 0 and "already up (node1, node2, node3)" in r.stdout, r.stdout
+    assert open(state.path(state.STATE_FILE)).read() == st
+
+
+@pytest.mark.parametrize("args, words", [
+    (["up", "--hosts", "0"], "--hosts must be 1 to"),
+    (["up", "--hosts", "2", "--link", "fast"], "bad link rate 'fast'"),
+    (["up", "--hosts", "2", "--link", "0mbit"], "bad link rate '0mbit'"),
+    (["exec", "node7", "--", "true"], "no host 'node7' in this vcluster"),
+])
+def test_bad_input_is_one_line(vc, args, words):
+    r = cli("vcluster", *args)
+    assert r.returncode == 2 and words in r.stdout, r.stdout
+    assert len(r.stdout.strip().splitlines()) == 1, r.stdout
+
+
+def test_run_naming_an_unknown_host_is_one_line(vc):
+    r = vexec("node1", HPCDL + ["run", "-n", "2", "-H", "node1:1,node5:1", "--", "true"])
+    assert r.returncode == 2 and "node5, not a host of this vcluster" in r.stdout, r.stdout
+    assert len(r.stdout.strip().splitlines()) == 1, r.stdout
+
+
+def test_not_root_says_so():
+    if not shutil.which("setpriv"):
+        pytest.skip("no setpriv to drop root")
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+                       + HPCDL + ["vcluster", "status"], capture_output=True, text=True,
+                       cwd="/", env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
+    assert r.returncode == 2 and "needs root" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- down
+def test_down_leaves_nothing(vc):
+    # last tests of the module: the module's cluster goes, then a shaped one
+    # comes and goes, then a name that exists stops up before it makes anything
+    assert cli("vcluster", "down").returncode == 0
+    assert_nothing_left(vc)
+    r = cli("vcluster", "up", "--hosts", "2", "--link", "100mbit")
+    try:
+        assert r.returncode == 0, r.stdout
+        for dev in (["ip", "netns", "exec", "node1", "tc", "qdisc", "show", "dev", "eth0"],
+                    ["tc", "qdisc", "show", "dev", "vc-node1"]):
+            assert "tbf" in subprocess.run(dev, capture_output=True, text=True).stdout
+        assert 0.25 < transfer_seconds(4 << 20) < 5  # 4 MiB at 100 Mbit/s: 0.34 s
+    finally:
+        assert cli("vcluster", "down").returncode == 0
+    assert_nothing_left(vc)
+    subprocess.run(["ip", "netns", "add", "node2"], check=True)
+    try:
+        r = cli("vcluster", "up", "--hosts", "2")
+        assert r.returncode == 2 and "node2 already exists" in r.stdout, r.stdout
+        assert state.load() is None and "hpcdl-vc0" not in machine_snapshot()["links"]
+    finally:
+        subprocess.run(["ip", "netns", "del", "node2"], check=True)
+    assert_nothing_left(vc)
+
+
+def assert_nothing_left(vc):
+    now = machine_snapshot()
+    assert now == vc["before"], (now, vc["before"])
+    assert state.load() is None and not os.path.exists(state.path("agent"))
+    assert not processes_in_namespaces(vc["inodes"])
+
+
+def transfer_seconds(nbytes):
+    """Seconds to send nbytes from node1 to node2 over TCP (Python sockets)."""
+    server = ("import socket; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+              "socket.SO_REUSEADDR, 1); s.bind(('node2', 5701)); s.listen(1); "
+              "print('LISTEN', flush=True); c, _ = s.accept(); n = 0\n"
+              "while n < %d:\n    n += len(c.recv(1 << 20))\nc.sendall(b'k')" % nbytes)
+    client = ("import socket, time\nfor i in range(50):\n    try:\n        "
+              "s = socket.create_connection(('node2', 5701)); break\n    except OSError:\n"
+              "        time.sleep(0.1)\nt = time.time(); s.sendall(bytes(%d)); s.recv(1); "
+              "print('SECONDS %%.3f' %% (time.time() - t))" % nbytes)
+    srv = subprocess.Popen(HPCDL + ["vcluster", "exec", "node2", "--", PY, "-c", server],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "LISTEN"
+        r = vexec("node1", [PY, "-c", client], timeout=30, check=True)
+    finally:
+        srv.wait(timeout=30)
+    return float(r.stdout.split("SECONDS")[1])
