@@ -1,6 +1,7 @@
 """test_cli.py - the `hpcdl` command: info, run (ranks, exit codes, bad input),
 help texts, and `python -m hpcdl`."""
 import os
+import re
 import subprocess
 import sys
 
@@ -77,3 +78,121 @@ def test_mpirun_flags():
     assert "-hosts" in line and "--bind-to" not in line
     with pytest.raises(UsageError):
         parse_hosts("a:0")
+
+
+# ---------------------------------------------------------------- issue #22
+def test_dash_np_and_a_subcommands_usage():
+    from hpcdl.cli.main import build_parser
+    assert build_parser().parse_args(["train", "-np", "3"]).n == 3
+    assert build_parser().parse_args(["run", "-np", "2", "--", "true"]).n == 2
+    r = hpcdl("bench", "allreduce", "--bogus")
+    assert r.returncode == 2 and r.stderr.startswith("usage: hpcdl bench allreduce ")
+    assert r.stderr.strip().endswith("unrecognized arguments: --bogus"), r.stderr
+
+
+def test_launcher_options_pass_through():
+    ompi, mpich = ("/usr/bin/mpirun", "openmpi"), ("/usr/bin/mpiexec", "mpich")
+    line = mpirun_command(2, ["x"], launcher=ompi, mpi_args="--map-by 'socket'",
+                          export=["A=1", "B"])
+    assert line[-5:] == ["-x", "B", "--map-by", "socket", "x"] and line[-7:-5] == ["-x", "A"]
+    line = mpirun_command(2, ["x"], launcher=mpich, export=["A=1", "B"])
+    assert line[-3:] == ["-genvlist", "A,B", "x"]
+    from hpcdl.cli.run import exported_env
+    assert exported_env(["HPCDL_T22=v"])["HPCDL_T22"] == "v"
+    for bad in ("1A=2", "HPCDL_UNSET_T22"):
+        with pytest.raises(UsageError):
+            exported_env([bad])
+
+
+def test_python_is_hpcdls_interpreter_and_a_missing_command_fails_up_front():
+    from hpcdl.cli.run import resolve_command
+    cmd, note = resolve_command(["python3", "-c", "pass"])
+    assert cmd == [sys.executable, "-c", "pass"] and sys.executable in note
+    assert resolve_command(["true"]) == (["true"], "")
+    with pytest.raises(UsageError, match="nosuchcmd could not be started: not found on PATH"):
+        resolve_command(["nosuchcmd"])
+    assert resolve_command(["nosuchcmd"], check_path=False)[0] == ["nosuchcmd"]
+
+
+@pytest.mark.parametrize("env, want", [
+    (dict(OMPI_COMM_WORLD_RANK="5", OMPI_COMM_WORLD_SIZE="8", OMPI_COMM_WORLD_LOCAL_RANK="1",
+          OMPI_COMM_WORLD_LOCAL_SIZE="4"), ("5", "1", "8", "4")),
+    (dict(PMI_RANK="3", PMI_SIZE="6", MPI_LOCALRANKID="0", MPI_LOCALNRANKS="3"),
+     ("3", "0", "6", "3")),
+    (dict(SLURM_PROCID="6", SLURM_NTASKS="7", SLURM_LOCALID="0", SLURM_NODEID="2",
+          SLURM_STEP_TASKS_PER_NODE="3(x2),1"), ("6", "0", "7", "1")),
+    (dict(OMPI_COMM_WORLD_RANK="5", OMPI_COMM_WORLD_SIZE="8", OMPI_COMM_WORLD_LOCAL_RANK="5",
+          OMPI_COMM_WORLD_LOCAL_SIZE="8", HPCDL_LOCAL_SIZE="2"), ("5", "1", "8", "2")),
+])
+def test_torchrun_variables_from_each_launcher(env, want):
+    from hpcdl.utils.rankenv import disagreement, tasks_per_node, torchrun_env
+    got = torchrun_env(env)
+    assert tuple(got[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")) \
+        == want
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1] and torchrun_env({}) == {}
+    rank, local, size, local_size = map(int, want)
+    assert disagreement(got, rank, size, local, local_size) is None
+    assert "RANK=%d (MPI: %d)" % (rank, rank + 1) in disagreement(got, rank + 1, size, local,
+                                                                  local_size)
+
+
+def test_horovod_variables_honoured_or_named_once():
+    from hpcdl.utils import horovod_env
+    env = {"HOROVOD_TIMELINE": "/t.json", "HOROVOD_LOG_LEVEL": "trace",
+           "HOROVOD_FUSION_THRESHOLD": "1024", "HPCDL_FUSION_THRESHOLD": "2048",
+           "HOROVOD_CYCLE_TIME": "5", "HOROVOD_FOO": "1"}
+    said = []
+    line = horovod_env.apply(env, say=said.append)
+    assert env["HPCDL_TIMELINE"] == "/t.json" and env["HPCDL_LOG_LEVEL"] == "DEBUG"
+    assert env["HPCDL_FUSION_THRESHOLD"] == "2048"  # the HPCDL_ one is set: it wins
+    assert len(said) <= 1 and line.count("\n") == 0
+    for name in ("HOROVOD_CYCLE_TIME (no negotiation cycle", "HOROVOD_FOO",
+                 "HOROVOD_FUSION_THRESHOLD (HPCDL_FUSION_THRESHOLD=2048 is set and wins)"):
+        assert name in line, line
+    assert horovod_env.apply({"HOROVOD_TIMELINE": "DYNAMIC"}) is None
+
+
+def test_validate_paths(tmp_path):
+    from hpcdl.train.config import TrainConfig
+    from hpcdl.train.validate import problems
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert problems(TrainConfig(out=str(tmp_path / "new" / "dir"))) == []
+    assert not (tmp_path / "new").exists()  # checking creates nothing
+    assert problems(TrainConfig(out=str(f / "sub"))) == [
+        "--out %s: %s is a file, so the directory cannot be created" % (f / "sub", f)]
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "checkpoint.pt").write_text("not a zip")
+    got = problems(TrainConfig(checkpoint_dir=str(tmp_path / "ck"), resume="auto",
+                               data=str(tmp_path), stage_to=str(f)))
+    assert [p.split()[0] for p in got] == ["--stage-to", "--resume", "--data"], got
+    assert all("\n" not in p for p in got)
+
+
+@pytest.mark.mpi
+def test_ranks_get_torchruns_variables_and_exported_ones():
+    code = ("import os, sys; from hpcdl import comm; comm.init(); "
+            "sys.stdout.write('%s %d %d %d %d %s\\n' % (' '.join(os.environ[k] for k in "
+            "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE')), comm.rank(), "
+            "comm.local_rank(), comm.size(), comm.local_size(), os.environ['T22']))")
+    from hpcdl.cli.run import find_launcher
+    tag = "--tag-output" if find_launcher()[1] == "openmpi" else "-prepend-rank"
+    r = hpcdl("run", "-np", "2", "-x", "T22=yes", "--mpi-args=" + tag, "--", "python", "-c",
+              code, timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert " %s " % tag in r.stderr  # in the launch line: it went to the launcher
+    rows = sorted(re.sub(r"^\[.*?\](<stdout>:)?", "", l).split()  # the launcher's tag
+                  for l in r.stdout.splitlines() if "yes" in l)
+    assert rows == [["0", "0", "2", "2", "0", "0", "2", "2", "yes"],
+                    ["1", "1", "2", "2", "1", "1", "2", "2", "yes"]], r.stdout
+    assert "disagree" not in r.stderr and "hpcdl's interpreter" in r.stderr
+
+
+@pytest.mark.mpi
+def test_a_command_missing_on_the_ranks_says_so():
+    r = hpcdl("run", "-n", "2", "-H", "localhost:2", "--", "nosuchcmd_t22", timeout=90)
+    assert r.returncode == 127, r.stderr
+    assert "nosuchcmd_t22 could not be started on rank 0" in r.stderr
+    assert ("hpcdl run: nosuchcmd_t22 exited with status 127: it could not be started (not "
+            "found on PATH on the ranks), or a command it ran could not") in \
+        r.stderr.splitlines(), r.stderr

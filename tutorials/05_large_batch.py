@@ -93,14 +93,17 @@ if comm.rank() == 0:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        for label, _, epochs in results:
+        from matplotlib.ticker import MaxNLocator
+        for (label, _, epochs), style in zip(results, ("-", "--", ":", "-")):
             plt.plot([e["epoch"] for e in epochs], [e["test_accuracy"] for e in epochs],
-                     label=label)
-        plt.axhline(TARGET, color="gray", lw=0.5)
+                     ls=style, marker=".", label=label)  # (a) and (b) may coincide
+        plt.axhline(TARGET, color="gray", lw=0.5, label="%.0f%% target" % (TARGET * 100))
+        plt.gca().xaxis.set_major_locator(MaxNLocator(integer=True))
         plt.xlabel("epoch")
         plt.ylabel("test accuracy")
-        plt.title("digits, 4 ranks: batch 32 vs 1024 at the same epoch budget")
-        plt.legend()
+        plt.title("tutorial 05, digits MLP, %d ranks: batch 32 vs 1024, %d epochs each"
+                  % (comm.size(), args.epochs))
+        plt.legend(fontsize=8)
         plt.savefig(args.plot, dpi=100)
         print("plot: %s" % args.plot)
     # 3. checks: the baseline learns; LARS + warmup does at least as well as plain

@@ -19,10 +19,13 @@ import json
 import os
 import re
 import socket
+import textwrap
 import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..utils.log import print0  # the one rank-0 printer
 
 # hpcdl's algorithms (the C core); "shared" is auto on a buffer in node shared
 # memory (Communicator.shared_buffer), as DistributedOptimizer's buckets are
@@ -330,11 +333,6 @@ COLUMNS = "#%13s %12s %8s %6s %7s %11s %11s %11s %11s %7s"
 ROW = " %13d %12d %8s %6s %7s %11.1f %11.3f %11.3f %11.1f %7d"
 
 
-def say(world, line=""):
-    if world.rank == 0:
-        print(line, flush=True)
-
-
 def auto_ranges(world, sizes):
     """'mpi for 4 B..16 KiB, hier for 64 KiB..256 MiB' (what auto picks)."""
     groups = []
@@ -348,59 +346,66 @@ def auto_ranges(world, sizes):
                      for a, lo, hi in groups)
 
 
-def print_header(world, job, opts, sizes, impls, copy_bw, notes):
+def job_lines(job):
+    """The header lines that say where a benchmark ran (describe_job's dict)."""
     hosts = "%d (%s)" % (len(job["hosts"]), ", ".join(job["hosts"]))
-    say(world, "# hpcdl bench allreduce: %s on the same buffers" % ", ".join(impls))
-    say(world, "#  %s" % job["version"])
-    say(world, "#  ranks %d | hosts %s | MPI: %s | cores %d | oversubscribed: %s"
-        % (job["ranks"], hosts, job["mpi_library"], job["cores"],
-           "YES" if job["oversubscribed"] else "no"))
-    say(world, "#  load average (1 min) at start: %.2f (other processes on these cores make "
-               "times noisy)" % job["load_avg_1min"])
+    return ["#  %s" % job["version"],
+            "#  ranks %d | hosts %s | MPI: %s | cores %d | oversubscribed: %s"
+            % (job["ranks"], hosts, job["mpi_library"], job["cores"],
+               "YES" if job["oversubscribed"] else "no"),
+            "#  load average (1 min) at start: %.2f (other processes on these cores make "
+            "times noisy)" % job["load_avg_1min"]]
+
+
+def print_header(world, job, opts, sizes, impls, copy_bw, notes):
+    print0("# hpcdl bench allreduce: %s on the same buffers" % ", ".join(impls))
+    for line in job_lines(job):
+        print0(line)
     if job["oversubscribed"]:
-        say(world, "#  WARNING: more ranks than cores: busy-polling ranks share cores, "
-                   "times are not representative")
-    say(world, "#  dtype %s | op sum | in place | sizes %s..%s (x%d) | iters <= %d, warmup "
-               "<= %d, adaptive to ~%.1f s per row" % (opts.dtype, format_size(sizes[0]),
-               format_size(sizes[-1]), opts.factor, opts.iters, opts.warmup, opts.budget_s))
-    say(world, "#  time = median over iterations of the slowest rank (barrier before each);"
-               " busbw = algbw * 2(N-1)/N")
-    say(world, "#  hpcdl agreement check: %s (--no-check or HPCDL_CHECK=0 turns it off)"
-        % ("on" if world.check else "OFF"))
-    say(world, "#  aggregate copy bandwidth: %.2f GB/s (np.copyto of %s on every rank at "
-               "once, "
-               "read + write bytes of all ranks)" % (copy_bw, format_size(HEADER_COPY_BYTES)))
-    say(world, "#  floor = 2*N*size / copy bandwidth measured at that size (L3 makes small "
-               "sizes copy faster)")
-    say(world, "#  auto picks: %s" % auto_ranges(world, sizes))
+        print0("#  WARNING: more ranks than cores: busy-polling ranks share cores, "
+               "times are not representative")
+    print0("#  dtype %s | op sum | in place | sizes %s..%s (x%d) | iters <= %d, warmup "
+           "<= %d, adaptive to ~%.1f s per row" % (opts.dtype, format_size(sizes[0]),
+                                                    format_size(sizes[-1]), opts.factor,
+                                                    opts.iters, opts.warmup, opts.budget_s))
+    print0("#  time = median over iterations of the slowest rank (barrier before each);"
+           " busbw = algbw * 2(N-1)/N")
+    print0("#  hpcdl agreement check: %s (--no-check or HPCDL_CHECK=0 turns it off)"
+           % ("on" if world.check else "OFF"))
+    print0("#  aggregate copy bandwidth: %.2f GB/s (np.copyto of %s on every rank at once, "
+           "read + write bytes of all ranks)" % (copy_bw, format_size(HEADER_COPY_BYTES)))
+    print0("#  floor = 2*N*size / copy bandwidth measured at that size (L3 makes small "
+           "sizes copy faster): the time to copy every rank's buffer twice. A path that "
+           "moves fewer bytes than copies do (shared: ranks add straight from each "
+           "other's shared memory) can beat it")
+    print0("#  auto picks: %s" % auto_ranges(world, sizes))
     for note in notes:
-        say(world, "#  " + note)
-    say(world, "#")
-    say(world, COLUMNS % ("size", "count", "type", "redop", "impl", "time", "algbw",
-                          "busbw", "floor", "#wrong"))
-    say(world, COLUMNS % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)",
-                          "(us)", ""))
+        print0("#  " + note)
+    print0("#")
+    print0(COLUMNS % ("size", "count", "type", "redop", "impl", "time", "algbw", "busbw",
+                      "floor", "#wrong"))
+    print0(COLUMNS % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "(us)", ""))
 
 
 def print_row(world, r):
-    say(world, ROW % (r["bytes"], r["count"], r["type"], r["redop"], r["impl"], r["time_us"],
-                      r["algbw"], r["busbw"], r["floor_us"], r["wrong"]))
+    print0(ROW % (r["bytes"], r["count"], r["type"], r["redop"], r["impl"], r["time_us"],
+                  r["algbw"], r["busbw"], r["floor_us"], r["wrong"]))
 
 
 def print_footer(world, wrong, summary):
-    say(world, "# Out of bounds values : %d %s" % (wrong, "OK" if not wrong else "FAILED"))
-    say(world, "#")
-    say(world, "# best hpcdl algorithm vs the faster peer (speedup = peer time / hpcdl time)")
-    say(world, "#%13s %6s %11s %7s %11s %8s %11s %8s %9s" % (
+    print0("# Out of bounds values : %d %s" % (wrong, "OK" if not wrong else "FAILED"))
+    print0("#")
+    print0("# best hpcdl algorithm vs the faster peer (speedup = peer time / hpcdl time)")
+    print0("#%13s %6s %11s %7s %11s %8s %11s %8s %9s" % (
         "size(B)", "best", "time(us)", "peer", "time(us)", "speedup", "floor(us)",
         "x floor", "auto/mpi4py"))
     for s in summary:
-        say(world, " %13d %6s %11s %7s %11s %8s %11.1f %8s %9s" % (
+        print0(" %13d %6s %11s %7s %11s %8s %11.1f %8s %9s" % (
             s["bytes"], s.get("best", "-"), _fmt(s.get("best_us"), "%.1f"),
             s.get("peer", "-"), _fmt(s.get("peer_us"), "%.1f"),
             _fmt(s.get("speedup"), "%.2fx"), s["floor_us"],
             _fmt(s.get("best_over_floor"), "%.2f"), _fmt(s.get("auto_vs_mpi4py"), "%.2fx")))
-    say(world, "#  auto/mpi4py = MPI_Allreduce time / auto time (>= 1: auto is as fast)")
+    print0("#  auto/mpi4py = MPI_Allreduce time / auto time (>= 1: auto is as fast)")
 
 
 def _fmt(value, spec):
@@ -426,34 +431,46 @@ def write_csv(path, rows):
 
 
 def write_plot(path, job, check, rows):
-    """busbw against size (log x), one line per implementation, and the
-    memory-traffic floor expressed as a bus bandwidth."""
+    """busbw against size (log x), one line per implementation, and the copy
+    bound: the busbw of an all-reduce that took as long as the floor (every
+    rank's buffer copied twice at np.copyto's measured bandwidth)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     n = job["ranks"]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(8.5, 5.6))
     for impl in dict.fromkeys(r["impl"] for r in rows):
         mine = [r for r in rows if r["impl"] == impl]
         ax.plot([r["bytes"] for r in mine], [r["busbw"] for r in mine], marker="o",
-                ms=3, label=impl, ls="--" if impl in PEERS else "-")
+                ms=3, label=impl + (" (peer)" if impl in PEERS else ""),
+                ls="--" if impl in PEERS else "-")
     first = [r for r in rows if r["impl"] == rows[0]["impl"]]
     ax.plot([r["bytes"] for r in first],
             [busbw(r["bytes"] / r["floor_us"] / 1e3, n) for r in first],
-            color="gray", ls=":", label="memory floor")
+            color="gray", ls=":", lw=2, label="copy bound (np.copyto)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     sizes = sorted({r["bytes"] for r in rows})
     ax.set_xticks(sizes, [format_size(b).replace(" ", "").replace("iB", "")
                           for b in sizes], rotation=45)
-    ax.set_xlabel("message size")
-    ax.set_ylabel("busbw (GB/s, log)")
-    ax.set_title("all-reduce, %d ranks%s, %s, check %s" % (
-        n, " (oversubscribed)" if job["oversubscribed"] else "", job["mpi_library"],
-        "on" if check else "off"))
+    ax.set_xlabel("message size per rank")
+    ax.set_ylabel("bus bandwidth, GB/s (log) = size / time x 2(N-1)/N")
+    hosts = job["hosts"]
+    ax.set_title("hpcdl bench allreduce: %d ranks on %d host%s (%s)%s\n%s, %s sum in place, "
+                 "hpcdl agreement check %s, load average %.1f at start" % (
+                     n, len(hosts), "" if len(hosts) == 1 else "s", ", ".join(hosts[:4])
+                     + (", ..." if len(hosts) > 4 else ""),
+                     ", OVERSUBSCRIBED" if job["oversubscribed"] else "",
+                     job["mpi_library"], rows[0]["type"], "on" if check else "off",
+                     job.get("load_avg_1min", float("nan"))), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+    ax.legend(fontsize=9)
+    fig.text(0.01, 0.01, textwrap.fill(
+        "Higher is faster; peers are dashed. Copy bound: the bandwidth of an all-reduce that "
+        "took as long as copying every rank's buffer twice with np.copyto (the floor column). "
+        "A curve above it moves fewer bytes than those copies: 'shared' adds straight from "
+        "the other ranks' shared memory.", 150), fontsize=7.5, color="dimgray", va="bottom")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -506,7 +523,7 @@ def run(opts):
                             (opts.plot, lambda p: write_plot(p, job, world.check, rows))):
             if path:
                 write(path)
-                say(world, "# wrote %s" % path)
+                print0("# wrote %s" % path)
     teardown(impls)
     return 1 if wrong else 0
 

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 
 from ..utils import rankenv
 from ..utils.launch import (MPI_ENV_VARS, allocation_tasks,  # noqa: F401 (re-exported)
@@ -251,16 +252,17 @@ def launch_options(args):
 def register(sub):
     p = sub.add_parser(
         "run", help="start N ranks of a command through mpirun",
-        description="Start N ranks of CMD through the MPI launcher on PATH (mpirun or "
-                    "mpiexec, Open MPI or MPICH). Adds --oversubscribe when N exceeds the "
-                    "cores, --bind-to none, and Open MPI's root permission only when run as "
-                    "root. In an sbatch script or salloc shell, starts them with srun "
-                    "--mpi=pmix ($HPCDL_SRUN_MPI) in the allocation (mpirun if srun lacks "
-                    "the plugin). Inside an existing MPI job or Slurm step, runs CMD "
-                    "directly. CMD python or python3 runs the interpreter hpcdl itself runs "
-                    "in (no venv to activate). Each rank gets torchrun's RANK, LOCAL_RANK, "
-                    "WORLD_SIZE and LOCAL_WORLD_SIZE (from the launcher; the same numbers "
-                    "as hpcdl.comm's rank, local_rank, size, local_size).",
+        description=textwrap.fill(
+            "Start N ranks of CMD through the MPI launcher on PATH (mpirun or "
+            "mpiexec, Open MPI or MPICH). Adds --oversubscribe when N exceeds the "
+            "cores, --bind-to none, and Open MPI's root permission only when run as "
+            "root. In an sbatch script or salloc shell, starts them with srun "
+            "--mpi=pmix ($HPCDL_SRUN_MPI) in the allocation (mpirun if srun lacks "
+            "the plugin). Inside an existing MPI job or Slurm step, runs CMD "
+            "directly. CMD python or python3 runs the interpreter hpcdl itself runs "
+            "in (no venv to activate). Each rank gets torchrun's RANK, LOCAL_RANK, "
+            "WORLD_SIZE and LOCAL_WORLD_SIZE (from the launcher; the same numbers "
+            "as hpcdl.comm's rank, local_rank, size, local_size).", 79),
         epilog="examples:\n  hpcdl run -n 4 -- python -c \"from hpcdl import comm; "
                "comm.init(); print(comm.rank(), comm.size())\"\n"
                "  hpcdl run -np 4 -x OMP_NUM_THREADS=1 --mpi-args='--map-by core' -- "

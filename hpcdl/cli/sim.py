@@ -118,6 +118,6 @@ def run_scaling(args):
         report.write_json(args.json, rows, work, net)
         print("# wrote %s" % args.json)
     if args.plot:
-        report.write_plot(args.plot, rows, work)
+        report.write_plot(args.plot, rows, work, net)
         print("# wrote %s" % args.plot)
     return 0

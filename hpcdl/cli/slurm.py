@@ -200,6 +200,6 @@ def run_summary(args):
             json.dump(rows, f, indent=1)
     if args.plot is not None:
         path = args.plot or os.path.join(args.folder, "scaling.png")
-        slurm.plot(rows, path)
+        slurm.plot(rows, path, args.folder)
         print("# plot: %s" % path)
     return 0

@@ -333,19 +333,14 @@ def measure_against(world, opts, say=lambda line: None, job=None):
 
 
 def print_header(say, world, job, opts, szs):
-    hosts = "%d (%s)" % (len(job["hosts"]), ", ".join(job["hosts"]))
     if opts.predict_from:
         say("# hpcdl bench calibrate --predict-from: hpcdl's ring all-reduce on these ranks "
             "against a calibration made before")
     else:
         say("# hpcdl bench calibrate: alpha (latency) and beta (time per byte) of this "
             "machine's links, gamma of its reduction")
-    say("#  %s" % job["version"])
-    say("#  ranks %d | hosts %s | MPI: %s | cores %d | oversubscribed: %s"
-        % (job["ranks"], hosts, job["mpi_library"], job["cores"],
-           "YES" if job["oversubscribed"] else "no"))
-    say("#  load average (1 min) at start: %.2f (other processes on these cores make "
-        "times noisy)" % job["load_avg_1min"])
+    for line in ar.job_lines(job):  # version, ranks and hosts, load
+        say(line)
     say("#  sizes %s..%s (x%d) | iters <= %d, warmup <= %d, adaptive to ~%.2g s per size"
         % (ar.format_size(szs[0]), ar.format_size(szs[-1]), opts.factor, opts.iters,
            opts.warmup, opts.budget_s))

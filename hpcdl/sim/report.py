@@ -71,8 +71,9 @@ def write_json(path, rows, work, net):
         json.dump(doc, f, indent=1)
 
 
-def write_plot(path, rows, work):
-    """Efficiency (left) and throughput (right) against GPU count, log2 x."""
+def write_plot(path, rows, work, net=None):
+    """Efficiency (left) and throughput (right) against GPU count, log2 x;
+    the title says these are the model's predictions and for what network."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -96,8 +97,12 @@ def write_plot(path, rows, work):
     eff.set_ylabel("scaling efficiency (%)")
     eff.set_ylim(0, 105)
     thr.set_ylabel("samples / s (log)")
-    fig.suptitle("%s: %.1f MB gradients, compute %.1f ms, overlap %.2g"
-                 % (work.name, work.nbytes / 1e6, work.compute_s * 1e3, work.overlap))
+    fig.suptitle("hpcdl sim scaling, predicted by the alpha-beta model (not measured): %s, "
+                 "%.1f MB gradients, compute %.1f ms/step, overlap %.2g%s"
+                 % (work.name, work.nbytes / 1e6, work.compute_s * 1e3, work.overlap,
+                    "\nbetween nodes: alpha %s, beta %s; %d GPUs per node"
+                    % (format_time(net.alpha), format_beta(net.beta), net.per_node)
+                    if net else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

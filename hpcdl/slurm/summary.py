@@ -81,24 +81,36 @@ def format_table(rows, folder):
     return "\n".join(lines)
 
 
-def plot(rows, path):
+def plot(rows, path, folder=None):
     """Throughput against ranks (with the ideal line through the smallest run)
-    and efficiency, side by side, as a PNG."""
+    and efficiency, side by side, as a PNG; ticks at the rank counts run (with
+    the nodes when a run spans several), titled with the sweep's folder."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     base = rows[0]
     ranks = [r["ranks"] for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.3))
     a.plot(ranks, [r["samples_per_s"] for r in rows], "o-", label="measured")
     a.plot(ranks, [base["samples_per_s"] * n / base["ranks"] for n in ranks], "--",
            color="grey", label="linear from the smallest run")
     a.set(xlabel="ranks", ylabel="samples/s", title="throughput")
     a.legend()
     b.plot(ranks, [100 * r["efficiency"] for r in rows], "o-")
-    b.set(xlabel="ranks", ylabel="efficiency (%)", title="scaling efficiency", ylim=(0, None))
+    b.set(xlabel="ranks", ylabel="efficiency (%)", title="scaling efficiency",
+          ylim=(0, max(105, 5 + max(100 * r["efficiency"] for r in rows))))
+    nodes = {}
+    for r in rows:
+        nodes.setdefault(r["ranks"], set()).add(r["nodes"])
+    ticks = sorted(nodes)
+    labels = [str(n) + ("\n%s nodes" % "/".join(map(str, sorted(nodes[n])))
+                        if max(nodes[n]) > 1 else "") for n in ticks]
     for ax in (a, b):
+        ax.set_xticks(ticks, labels)  # whole ranks only, never 1.5
         ax.grid(alpha=0.3)
+    fig.suptitle("scaling sweep%s: %d run(s), against %d rank(s) at global batch %d"
+                 % (" " + os.path.basename(os.path.abspath(folder)) if folder else "",
+                    len(rows), base["ranks"], base["global_batch"]))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

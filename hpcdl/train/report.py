@@ -106,26 +106,47 @@ def _write_json(path, obj):
 
 
 def plot_curves(metrics_path, png_path):
-    """Loss, accuracy (train and test) and learning rate against epoch."""
+    """Loss, accuracy (train and test) and learning rate against epoch, under
+    a title naming the run (its --out directory) and, from summary.json
+    beside it when there, what ran."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     with open(metrics_path) as f:
         recs = [json.loads(line) for line in f if line.strip()]
     if not recs:
         return
     ep = [r["epoch"] for r in recs]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.9))
     for ax, keys, title in ((axes[0], ("loss", "test_loss"), "loss"),
                             (axes[1], ("accuracy", "test_accuracy"), "accuracy"),
                             (axes[2], ("lr",), "learning rate (end of epoch)")):
         for k in keys:
-            ax.plot(ep, [r[k] for r in recs], marker=".", label=k)
+            ax.plot(ep, [r[k] for r in recs], marker=".",
+                    label="test" if k.startswith("test") else "train")
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(title)
         ax.grid(alpha=0.3)
         if len(keys) > 1:
             ax.legend()
+    fig.suptitle(_run_title(os.path.dirname(os.path.abspath(png_path))))
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
+
+
+def _run_title(out_dir):
+    """'run NAME: mlp on digits, 4 ranks, global batch 128, sgd, fp32' (what
+    summary.json in out_dir says; just the name without it)."""
+    title = "run %s" % os.path.basename(out_dir)
+    try:
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            s = json.load(f)
+        title += ": %s on %s, %d rank(s), global batch %d, %s, %s" % (
+            s["model"], s["data"], s["ranks"], s["global_batch"], s["optimizer"],
+            s["precision"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return title
