@@ -101,6 +101,14 @@ def test_errors_raise_on_every_rank(n):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_object_collectives_and_agreements(n):
+    # the one door's object calls, any_rank, raise_if_any, wtime and alltoall
+    r = run_python(n, os.path.join(SCRIPTS, "comm_door_check.py"), timeout=60)
+    assert r.stdout.count("DOOR OK") == n, r.stdout
+
+
+@pytest.mark.mpi
 def test_topology_from_mpi():
     # one write per line (print's separate newline write interleaves across ranks)
     src = ("import sys; from hpcdl import comm; comm.init(); "

@@ -109,6 +109,23 @@ def test_topk_error_feedback_keeps_every_value():
     assert topk.residual("b") is None
 
 
+def test_topk_state_dict_carries_the_residuals():
+    # a compressor restored from state_dict() sends what the original would
+    gen = torch.Generator().manual_seed(5)
+    grads = [torch.randn(4, 6, generator=gen) for _ in range(4)]
+    a = hvd.Compression.topk(0.25)
+    for g in grads[:2]:
+        a.compress(g, name="w")
+    b = hvd.Compression.topk(0.25)
+    b.load_state_dict(a.state_dict())
+    assert set(b.state_dict()) == {"w"} and torch.equal(b.residual("w"), a.residual("w"))
+    for g in grads[2:]:
+        assert torch.equal(a.compress(g, name="w")[0], b.compress(g, name="w")[0])
+    # only stateful compressors have state: the trainer checkpoints by that
+    assert not hasattr(hvd.Compression.none, "state_dict")
+    assert not hasattr(hvd.Compression.fp16, "state_dict")
+
+
 def test_topk_rules():
     with pytest.raises(ValueError, match="ratio"):
         hvd.Compression.topk(0.0)
