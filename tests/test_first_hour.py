@@ -4,8 +4,8 @@ and status 2, all in a fresh shell whose PATH has no venv (`env -i
 PATH=/usr/bin:/bin HOME=... bash -c LINE`), as after `make setup` in a new
 terminal.
 
-The commands run in a scratch folder that links .venv, configs/ and README.md
-of this checkout, so their relative paths work as from the repository root
+The commands run in a scratch folder that links .venv (the venv running the
+tests), configs/ and README.md of this checkout, so their relative paths work as from the repository root
 while what they write (shards/, runs/) stays out of the checkout. The quick
 tour lines run here; the long ones (training, benchmarks) have their own
 tests (test_train.py, test_bench.py, test_data_bench.py).
@@ -13,6 +13,7 @@ tests (test_train.py, test_bench.py, test_data_bench.py).
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -35,9 +36,13 @@ def tour_lines():
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
-    """A scratch 'repository root': links to .venv, configs, README.md."""
+    """A scratch 'repository root': .venv (the venv these tests run in, which
+    `make test` set up), configs and README.md of this checkout."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("not run from a venv: README's .venv/bin/hpcdl does not apply")
     root = tmp_path_factory.mktemp("newuser")
-    for name in (".venv", "configs", "README.md"):
+    os.symlink(sys.prefix, root / ".venv")
+    for name in ("configs", "README.md"):
         os.symlink(os.path.join(REPO, name), root / name)
     return root
 
@@ -122,3 +127,18 @@ def test_several_problems_are_one_line_each(home):
         "missing)",
         "hpcdl: error: --checkpoint-dir README.md is a file; give a directory (it is "
         "created if missing)"], r.stderr
+
+
+@pytest.mark.mpi
+def test_ranks_check_paths_before_mpi_and_write_whole_lines():
+    # launched by hand (no `hpcdl train -n`): every rank checks before MPI starts
+    from mpi_harness import run_mpi
+    r = run_mpi(2, [sys.executable, "-m", "hpcdl", "train", "--out", "README.md",
+                    "--resume", "README.md"], timeout=90)
+    assert r.returncode != 0
+    errors = [l for l in r.stdout.splitlines() if "error:" in l and "README.md" in l]
+    assert 2 <= len(errors) <= 4, r.stdout  # mpirun may end one rank before it writes
+    for line in errors:  # each whole: one rank's prefix, one problem
+        assert re.fullmatch(r"hpcdl: error: \[rank [01]\] --(out README\.md is a file|resume "
+                            r"README\.md is not a checkpoint)[^\[]*", line), line
+    assert "Traceback" not in r.stdout and "MPI_Abort" not in r.stdout, r.stdout
