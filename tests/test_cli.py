@@ -123,6 +123,8 @@ def test_python_is_hpcdls_interpreter_and_a_missing_command_fails_up_front():
           SLURM_STEP_TASKS_PER_NODE="3(x2),1"), ("6", "0", "7", "1")),
     (dict(OMPI_COMM_WORLD_RANK="5", OMPI_COMM_WORLD_SIZE="8", OMPI_COMM_WORLD_LOCAL_RANK="5",
           OMPI_COMM_WORLD_LOCAL_SIZE="8", HPCDL_LOCAL_SIZE="2"), ("5", "1", "8", "2")),
+    (dict(PMI_RANK="3", PMI_SIZE="4", SLURM_PROCID="3", SLURM_NTASKS="4", SLURM_LOCALID="1",
+          SLURM_NODEID="1", SLURM_TASKS_PER_NODE="2(x2)"), ("3", "1", "4", "2")),  # pmi2
 ])
 def test_torchrun_variables_from_each_launcher(env, want):
     from hpcdl.utils.rankenv import disagreement, tasks_per_node, torchrun_env

@@ -56,7 +56,10 @@ def _slurm_local_size(env):
 
 def torchrun_env(env=os.environ):
     """{RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE: str} from the launcher's
-    variables in env, or {} when no launcher is recognised."""
+    variables in env, or {} when no launcher is recognised. A launcher that
+    gives rank and size but no local numbers (srun --mpi=pmi2 sets PMI_RANK
+    only) yields to the next one that gives all four."""
+    found = []
     for rank_var, size_var, local_var, local_size_var in LAUNCHERS:
         values = [env.get(rank_var), env.get(size_var), env.get(local_var),
                   env.get(local_size_var) if local_size_var else _slurm_local_size(env)]
@@ -71,8 +74,10 @@ def torchrun_env(env=os.environ):
             local, local_size = rank % int(virtual), int(virtual)
         out = {"RANK": rank, "WORLD_SIZE": size, "LOCAL_RANK": local,
                "LOCAL_WORLD_SIZE": local_size}
-        return {k: str(v) for k, v in out.items() if v is not None}
-    return {}
+        found.append({k: str(v) for k, v in out.items() if v is not None})
+        if len(found[-1]) == 4:
+            return found[-1]
+    return found[0] if found else {}
 
 
 def disagreement(env, rank, size, local_rank, local_size):
