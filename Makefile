@@ -2,19 +2,31 @@
 #   make run     set-up, then the main job: hpcdl train -n 4 on the digits data
 #   make test    set-up, then every test (C tests under mpirun, then pytest; Slurm
 #                from Debian's packages for the tests against a real Slurm)
-#   make setup   MPI (Debian packages, as root), .venv, torch==2.13.0, hpcdl + test extras
+#   make setup   MPI (Debian packages, as root), .venv, torch==2.13.0, mpi4py and hpcdl
+#                (+ test extras), both on the MPI of $(MPICC)
+#   make test-mpich  the C tests and the multi-rank Python tests again on Debian's MPICH,
+#                in a copy of the checkout with its own venv (`make test` runs it too)
 #   make bench   the all-reduce benchmark (2 ranks)
 # Variables: PYTHON (the interpreter for the venv), VENV, NP (ranks for make run),
+#   MPICC: the MPI C compiler wrapper (default mpicc). mpi4py and the C core are built
+#   on its MPI: the registry's mpi4py wheel for Open MPI, mpi4py built from source for
+#   any other (MPICC=mpicc.mpich make setup VENV=.venv-mpich); its MPI's own launcher
+#   starts the ranks (hpcdl.utils.mpi_info). One checkout holds one core build: a
+#   second MPI needs a second checkout (test-mpich makes one).
+#   HPCDL_TEST_MPICH: auto (default), 1 or 0: `make test` also runs test-mpich.
 #   HPCDL_H5PY_MPI=1: also replace the venv's serial h5py by one built against parallel
 #   HDF5 (driver='mpio', collective writes of hpcdl data shard); `make test` builds it
 #   in the background while the C tests run. CI sets it.
 PYTHON ?= python3
 VENV ?= .venv
+MPICC ?= mpicc
+export MPICC
 NP ?= 4
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.hpcdl-installed
+MPICC_STAMP := $(VENV)/.mpicc
 HPCDL_H5PY_MPI ?= 0
 H5PY_MPI_STAMP := $(VENV)/.h5py-mpi
 H5PY_MPI_LOG := $(VENV)/h5py-mpi.log
@@ -22,7 +34,8 @@ HDF5_MPI_INCLUDEDIR ?= /usr/include/hdf5/openmpi
 HDF5_MPI_LIBDIR ?= /usr/lib/$(shell gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)/hdf5/openmpi
 CORE_SOURCES := $(wildcard src_c/*.c src_c/*.h src_c/include/*.h src_c/python/*.c src_c/cuda/*) setup.py pyproject.toml
 
-.PHONY: setup setup-base h5py-mpi run test test-c test-py bench clean check-python check-mpi check-slurm
+.PHONY: setup setup-base h5py-mpi h5py-mpi-packages run test test-c test-py test-mpich \
+	mpich-setup test-mpich-only bench clean check-python check-mpi check-slurm FORCE
 
 setup: setup-base $(if $(filter 1,$(HPCDL_H5PY_MPI)),h5py-mpi)
 
@@ -33,20 +46,27 @@ check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' || \
 	  { echo "✗ hpcdl needs Python >= 3.10; $(PYTHON) is $$($(PYTHON) --version 2>&1). Set PYTHON=python3.11 (or load a newer module)."; exit 1; }
 
-# Open MPI from Debian's packages when we may install them; otherwise say what to do.
+# The MPI of $(MPICC): Debian's packages when we may install them (Open MPI for mpicc,
+# MPICH for mpicc.mpich); otherwise say what to do. Then $(MPICC) must build a program
+# that calls MPI_Init (MPICC=gcc is refused here, in one line).
+MPI_PACKAGES = $(if $(filter mpicc.mpich,$(MPICC)),mpich libmpich-dev,openmpi-bin libopenmpi-dev)
 check-mpi:
-	@if command -v mpicc >/dev/null 2>&1; then \
-	  echo "✓ MPI: $$(command -v mpicc)"; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "… installing Open MPI (apt-get install openmpi-bin libopenmpi-dev)"; \
-	  (apt-get install -y -q openmpi-bin libopenmpi-dev >/dev/null 2>&1 || \
-	   { apt-get update -q >/dev/null && apt-get install -y -q openmpi-bin libopenmpi-dev >/dev/null; }) && \
-	  echo "✓ MPI: $$(command -v mpicc)"; \
+	@if command -v $(MPICC) >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	     { [ "$(MPICC)" = mpicc ] || [ "$(MPICC)" = mpicc.mpich ]; }; then \
+	  echo "… installing MPI (apt-get install $(MPI_PACKAGES))"; \
+	  (apt-get install -y -q $(MPI_PACKAGES) >/dev/null 2>&1 || \
+	   { apt-get update -q >/dev/null && apt-get install -y -q $(MPI_PACKAGES) >/dev/null; }); \
 	else \
-	  echo "✗ no mpicc on PATH. Debian/Ubuntu: sudo apt-get install openmpi-bin libopenmpi-dev;"; \
-	  echo "  clusters: module load openmpi (or your site's MPI); or set MPICC=/path/to/mpicc"; \
+	  echo "✗ no $(MPICC) on PATH. Debian/Ubuntu: sudo apt-get install $(MPI_PACKAGES);"; \
+	  echo "  clusters: module load your site's MPI (openmpi, mpich, ...); or set MPICC=/path/to/mpicc"; \
 	  exit 1; \
 	fi
+	@tmp=$$(mktemp -d) && printf '#include <mpi.h>\nint main(int c, char **v) { MPI_Init(&c, &v); return MPI_Finalize(); }\n' > $$tmp/probe.c; \
+	  if $(MPICC) $$tmp/probe.c -o $$tmp/probe >/dev/null 2>&1; then rm -rf $$tmp; else rm -rf $$tmp; \
+	    echo "✗ MPICC=$(MPICC) is not an MPI C compiler wrapper (it cannot build a program that calls MPI_Init). Fix: MPICC=<your MPI's wrapper: mpicc, mpicc.mpich, mpiicc> make setup"; \
+	    exit 1; fi
+	@echo "✓ MPI: $$(command -v $(MPICC)) ($$($(MPICC) --showme:version 2>/dev/null || $(MPICC) -v 2>&1 | head -1))"
 
 # Slurm for the tests against a real one (tests/slurm_cluster.py starts its own
 # munged, slurmctld and slurmd): Debian's packages when we may install them;
@@ -68,16 +88,43 @@ check-slurm:
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
+# the wrapper the venv's mpi4py and core were built with: another MPICC rebuilds them
+$(MPICC_STAMP): FORCE | $(VENV)/bin/python
+	@mpicc=$$(command -v $(MPICC)); [ "$$(cat $@ 2>/dev/null)" = "$$mpicc" ] || echo "$$mpicc" > $@
+
+FORCE:
+
+# mpi4py on the MPI of $(MPICC): the registry's wheel loads the system Open MPI; any
+# other MPI gets mpi4py built from source by its wrapper (a minute or more of CPU;
+# --no-cache-dir: a wheel pip cached for another MPI must not come back)
+MPI4PY_MPI = $(PY) -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])' 2>/dev/null
+
 # torch first, pinned: a plain 'torch' requirement would pull GBs of CUDA wheels
-$(STAMP): $(VENV)/bin/python $(CORE_SOURCES)
+$(STAMP): $(VENV)/bin/python $(CORE_SOURCES) $(MPICC_STAMP)
 	@$(PY) -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null || \
 	  { echo "… installing $(TORCH_PIN)"; $(PIP) install $(TORCH_PIN); }
-	@$(PIP) install "setuptools>=64" wheel mpi4py
-	@echo "… building hpcdl (C core through mpicc)"
+	@$(PIP) install "setuptools>=64" wheel
+	@if $(MPICC) --showme:version >/dev/null 2>&1; then want="Open MPI"; else want=other; fi; \
+	  have=$$($(MPI4PY_MPI)); \
+	  case "$$have" in "Open MPI"*) is="Open MPI";; "") is=none;; *) is=other;; esac; \
+	  if [ "$$is" = "$$want" ]; then echo "✓ mpi4py: $$have"; \
+	  elif [ "$$want" = "Open MPI" ]; then \
+	    $(PIP) install --force-reinstall --no-deps --only-binary=mpi4py mpi4py && echo "✓ mpi4py (wheel): $$($(MPI4PY_MPI))"; \
+	  else \
+	    echo "… building mpi4py from source against $(MPICC) (log: $(VENV)/mpi4py-build.log)"; \
+	    MPICC=$(MPICC) $(VENV)/bin/pip --disable-pip-version-check install --no-binary=mpi4py \
+	      --no-cache-dir --force-reinstall --no-deps mpi4py > $(VENV)/mpi4py-build.log 2>&1 || \
+	      { tail -20 $(VENV)/mpi4py-build.log; echo "✗ mpi4py did not build with MPICC=$(MPICC); log: $(VENV)/mpi4py-build.log"; exit 1; }; \
+	    echo "✓ mpi4py (built by $(MPICC)): $$($(MPI4PY_MPI))"; \
+	  fi
+	@echo "… building hpcdl (C core through $(MPICC))"
 	@$(VENV)/bin/pip --disable-pip-version-check install -v --no-build-isolation -e '.[test]' > $(VENV)/build.log 2>&1 || \
 	  { tail -40 $(VENV)/build.log; echo "✗ hpcdl did not build; full log: $(VENV)/build.log"; exit 1; }
 	@grep "hpcdl build:" $(VENV)/build.log | sed 's/^ *//' | sort -u
 	@$(PY) -c 'import hpcdl._core' || { echo "✗ hpcdl._core does not import; see $(VENV)/build.log"; exit 1; }
+	@$(PY) -c 'import sys, mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; \
+	  from hpcdl.utils import mpi_info; msg = mpi_info.mismatch(mpi_info.core_mpi(), mpi_info.mpi4py_mpi(MPI)); \
+	  sys.exit("✗ " + msg if msg else 0)'
 	@touch $(STAMP)
 
 run: setup
@@ -85,38 +132,69 @@ run: setup
 
 # With HPCDL_H5PY_MPI=1 the parallel h5py (about 4 min of CPU) builds while the C
 # tests run, at low priority (nice) so that their timed launches keep the cores they
-# need; pytest needs the build, so it starts after both.
+# need; pytest needs the build, so it starts after both. The MPICH copy and its venv
+# (mpi4py from source: minutes of CPU) build the same way from the start, through
+# the C tests and pytest, and test-mpich runs last. MPI packages are installed
+# first, in the foreground: two apt-gets at once would fight over dpkg's lock.
+# HPCDL_TEST_MPICH: auto (default: MPICH when it is or can be installed), 1 (must:
+# CI), 0 (Open MPI only).
+HPCDL_TEST_MPICH ?= auto
+
 test: setup-base
-ifeq ($(HPCDL_H5PY_MPI),1)
-	@echo "… building parallel h5py in the background while the C tests run (log: $(H5PY_MPI_LOG))"
-	@nice -n 10 $(MAKE) --no-print-directory h5py-mpi > $(H5PY_MPI_LOG) 2>&1 & build=$$!; \
+	@mpich=0; \
+	  if [ "$(HPCDL_TEST_MPICH)" != 0 ]; then \
+	    if $(MAKE) --no-print-directory -s check-mpi MPICC=$(MPICH_MPICC); then mpich=1; \
+	    elif [ "$(HPCDL_TEST_MPICH)" = 1 ]; then exit 1; \
+	    else echo "✗ no MPICH ($(MPICH_MPICC)): test-mpich skipped (HPCDL_TEST_MPICH=1 makes this an error)"; fi; \
+	  fi; \
+	  if [ $$mpich = 1 ]; then \
+	    mkdir -p build; echo "… MPICH set-up in the background (log: $(MPICH_SETUP_LOG))"; \
+	    nice -n 10 $(MAKE) --no-print-directory mpich-setup > $(MPICH_SETUP_LOG) 2>&1 & mpich_setup=$$!; \
+	  fi; \
+	  if [ "$(HPCDL_H5PY_MPI)" = 1 ]; then \
+	    $(MAKE) --no-print-directory -s h5py-mpi-packages || exit 1; \
+	    echo "… building parallel h5py in the background while the C tests run (log: $(H5PY_MPI_LOG))"; \
+	    nice -n 10 $(MAKE) --no-print-directory h5py-mpi > $(H5PY_MPI_LOG) 2>&1 & h5py=$$!; \
+	  fi; \
 	  $(MAKE) --no-print-directory test-c; tests=$$?; \
-	  wait $$build; built=$$?; grep -a '^[✓✗]' $(H5PY_MPI_LOG); \
-	  [ $$built = 0 ] || { tail -30 $(H5PY_MPI_LOG); exit 1; }; exit $$tests
-else
-	@$(MAKE) --no-print-directory test-c
-endif
-	@$(MAKE) --no-print-directory test-py
+	  if [ -n "$$h5py" ]; then \
+	    wait $$h5py; built=$$?; grep -a '^[✓✗]' $(H5PY_MPI_LOG); \
+	    [ $$built = 0 ] || { tail -30 $(H5PY_MPI_LOG); exit 1; }; \
+	  fi; \
+	  [ $$tests = 0 ] || exit $$tests; \
+	  $(MAKE) --no-print-directory test-py; tests=$$?; \
+	  if [ $$mpich = 1 ]; then \
+	    start=$$(date +%s); wait $$mpich_setup; built=$$?; grep -a '^[✓✗]' $(MPICH_SETUP_LOG); \
+	    [ $$built = 0 ] || { tail -30 $(MPICH_SETUP_LOG); exit 1; }; \
+	    echo "… MPICH set-up done (waited $$(( $$(date +%s) - start )) s for it after pytest)"; \
+	    [ $$tests = 0 ] || exit $$tests; \
+	    $(MAKE) --no-print-directory test-mpich-only || exit 1; \
+	  fi; \
+	  exit $$tests
 
 # h5py against Debian's parallel HDF5, same h5py version as the serial one it
 # replaces. Skipped when the venv's h5py already has MPI.
 h5py-mpi: $(H5PY_MPI_STAMP)
 
+# parallel HDF5 (Debian's package when we may install it)
+h5py-mpi-packages:
+	@if [ ! -f $(HDF5_MPI_INCLUDEDIR)/H5pubconf.h ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "… installing parallel HDF5 (apt-get install libhdf5-openmpi-dev)"; \
+	    { apt-get install -y -q libhdf5-openmpi-dev >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q libhdf5-openmpi-dev >/dev/null; }; } || exit 1; \
+	  else \
+	    echo "✗ no parallel HDF5 in $(HDF5_MPI_INCLUDEDIR). Debian/Ubuntu: sudo apt-get install"; \
+	    echo "  libhdf5-openmpi-dev; clusters: module load hdf5/parallel and set HDF5_MPI_INCLUDEDIR"; \
+	    echo "  and HDF5_MPI_LIBDIR; or leave HPCDL_H5PY_MPI unset (serial h5py)"; exit 1; \
+	  fi; \
+	fi
+
 $(H5PY_MPI_STAMP): $(STAMP)
 	@if $(PY) -c 'import h5py, sys; sys.exit(0 if h5py.get_config().mpi else 1)' 2>/dev/null; then \
 	  echo "✓ h5py with MPI: already in $(VENV)"; \
 	else \
-	  if [ ! -f $(HDF5_MPI_INCLUDEDIR)/H5pubconf.h ]; then \
-	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	      echo "… installing parallel HDF5 (apt-get install libhdf5-openmpi-dev)"; \
-	      { apt-get install -y -q libhdf5-openmpi-dev >/dev/null 2>&1 || \
-	        { apt-get update -q >/dev/null && apt-get install -y -q libhdf5-openmpi-dev >/dev/null; }; } || exit 1; \
-	    else \
-	      echo "✗ no parallel HDF5 in $(HDF5_MPI_INCLUDEDIR). Debian/Ubuntu: sudo apt-get install"; \
-	      echo "  libhdf5-openmpi-dev; clusters: module load hdf5/parallel and set HDF5_MPI_INCLUDEDIR"; \
-	      echo "  and HDF5_MPI_LIBDIR; or leave HPCDL_H5PY_MPI unset (serial h5py)"; exit 1; \
-	    fi; \
-	  fi; \
+	  $(MAKE) --no-print-directory -s h5py-mpi-packages || exit 1; \
 	  version=$$($(PY) -c 'import h5py; print(h5py.__version__)'); \
 	  echo "… building h5py $$version against parallel HDF5 (about 4 min of CPU)"; \
 	  $(PIP) install "cython>=3,<4" pkgconfig "setuptools>=64" wheel && \
@@ -132,6 +210,47 @@ $(H5PY_MPI_STAMP): $(STAMP)
 
 test-c: check-mpi
 	$(MAKE) -C src_c check
+
+# ---------------------------------------------------------------- the same on MPICH
+# Debian's MPICH beside Open MPI, in a copy of the checkout (one checkout holds one
+# core build) with a venv of its own: mpi4py built from source by mpicc.mpich, the
+# core by the same wrapper, the C tests under mpiexec.mpich (hydra: no Open MPI
+# flags), then the multi-rank Python tests of the collectives, the torch API,
+# DistributedOptimizer exactness and `hpcdl train`, and the crossed builds of
+# tests/test_mpi_match.py against this checkout's Open MPI ones. The launcher is
+# the core's own (hpcdl.utils.mpi_info), so HPCDL_MPIRUN is unset for them.
+MPICH_MPICC ?= mpicc.mpich
+MPICH_MPIEXEC ?= mpiexec.mpich
+MPICH_VENV ?= .venv-mpich
+MPICH_TREE := build/mpich-checkout
+MPICH_TESTS := tests/test_mpi_match.py tests/test_comm.py tests/test_torch_api.py \
+	tests/test_torch_optimizer.py tests/test_train.py
+
+MPICH_SETUP_LOG := build/mpich-setup.log
+
+test-mpich: setup-base mpich-setup
+	@$(MAKE) --no-print-directory test-mpich-only
+
+# the copy of the checkout (tracked and new files, as they are now) and its venv
+mpich-setup:
+	@$(MAKE) --no-print-directory check-mpi MPICC=$(MPICH_MPICC)
+	@mkdir -p $(MPICH_TREE); \
+	  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	    git ls-files -z -co --exclude-standard | tar --null --ignore-failed-read -cf - -T - 2>/dev/null; \
+	  else \
+	    tar --exclude=./build --exclude='./.venv*' --exclude='*.so' --exclude=./hpcdl/_mpi_build.py -cf - .; \
+	  fi | tar -xf - -C $(MPICH_TREE)
+	@echo "… MPICH: set-up in $(MPICH_TREE) with $(MPICH_VENV) (MPICC=$(MPICH_MPICC))"
+	@$(MAKE) --no-print-directory -C $(MPICH_TREE) setup-base VENV=$(abspath $(MPICH_VENV)) MPICC=$(MPICH_MPICC)
+
+test-mpich-only:
+	@echo "… MPICH: C tests (make -C src_c check under $(MPICH_MPIEXEC))"
+	@$(MAKE) --no-print-directory -s -C $(MPICH_TREE)/src_c check MPICC=$(MPICH_MPICC) \
+	  MPIRUN=$(MPICH_MPIEXEC) MPIRUN_FLAGS= NO_CUDA=1 BUILD=build-mpich
+	@echo "… MPICH: multi-rank Python tests"
+	cd $(MPICH_TREE) && env -u HPCDL_MPIRUN -u HPCDL_H5PY_MPI \
+	  HPCDL_TEST_OTHER_PYTHON=$(abspath $(PY)) HPCDL_TEST_OTHER_TREE=$(CURDIR) \
+	  $(abspath $(MPICH_VENV))/bin/python -m pytest -ra -q -p no:cacheprovider -m mpi $(MPICH_TESTS)
 
 test-py: setup check-slurm
 	$(PY) -m pytest -ra -q tests

@@ -1,5 +1,7 @@
 """mpi_harness.py - the one way tests start ranks: run_mpi(n, cmd) under the
-project's own launcher logic (hpcdl.cli.run.mpirun_command), with a hard
+project's own launcher logic (hpcdl.cli.run.mpirun_command: $HPCDL_MPIRUN, else
+the launcher of the MPI the core was built against, Open MPI's or MPICH's
+hydra, each with its own flags), with a hard
 timeout on every launch. A hang fails the test within the timeout and shows
 every rank's output (tagged [job,rank]) so the stuck rank can be seen."""
 import os
@@ -10,6 +12,7 @@ import sys
 import pytest
 
 from hpcdl.cli.run import mpirun_command
+from hpcdl.utils.mpi_info import launcher_flavour
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,8 +35,10 @@ def run_mpi(n, cmd, timeout=60, env=None, check=False, tag_output=False):
     """Runs cmd (list) on n ranks; returns CompletedProcess (stdout+stderr merged
     in .stdout). Fails the test on timeout with everything the ranks printed."""
     line = mpirun_command(n, cmd)
-    if tag_output and "--bind-to" in line:  # Open MPI: prefix lines with [job,rank]
-        line.insert(3, "--tag-output")
+    if tag_output:  # prefix each line with its rank, in the launcher's own words
+        flag = {"openmpi": "--tag-output", "mpich": "-prepend-rank"}.get(launcher_flavour(line[0]))
+        if flag:
+            line.insert(3, flag)
     proc = subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=mpi_env(env), cwd=REPO, start_new_session=True)
     try:

@@ -140,6 +140,17 @@ def test_compiler_that_is_not_mpi_is_refused_in_one_line(setup_py, tmp_path):
     assert "\n" not in msg and "is not an MPI C compiler wrapper" in msg and "MPICC=" in msg
 
 
+def test_make_setup_refuses_a_plain_compiler():
+    if not shutil.which("make"):
+        pytest.skip("no make")
+    r = subprocess.run(["make", "-s", "--no-print-directory", "check-mpi", "MPICC=gcc"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in (r.stdout + r.stderr).strip().splitlines()
+             if not ln.startswith("make")]  # make's own "*** Error 1" line
+    assert r.returncode != 0 and len(lines) == 1, r.stdout + r.stderr
+    assert "MPICC=gcc is not an MPI C compiler wrapper" in lines[0]
+
+
 # ---------------------------------------------------------------- two real builds
 peers = pytest.mark.skipif(not (OTHER_PYTHON and OTHER_TREE),
                            reason="needs a build on the other MPI: run through make test-mpich")
@@ -182,3 +193,17 @@ def test_core_of_the_other_mpi_with_mpi4py_of_this():
     r = run_mpi(2, [sys.executable, "-c", CHECK % OTHER_TREE], timeout=90)
     other = "Open MPI" if here != "Open MPI" else "MPICH family"
     assert_mismatch_everywhere(r, other, here)
+
+
+# ---------------------------------------------------------------- no MPI_THREAD_MULTIPLE
+@pytest.mark.mpi
+def test_without_thread_multiple_one_warning_line_and_collectives_work():
+    # MPI started below 'multiple' (as an MPI without it would): hpcdl says what is
+    # missing and the fix in one line on rank 0, and its serialised engine still works
+    code = ("import mpi4py; mpi4py.rc.thread_level = 'serialized'; from mpi4py import MPI; "
+            + CHECK % REPO + "; assert comm.thread_level() == 'serialized'")
+    r = run_mpi(2, [sys.executable, "-c", code], timeout=90)
+    assert r.returncode == 0 and r.stdout.count("SUM OK") == 2, r.stdout
+    lines = [ln for ln in r.stdout.splitlines() if "MPI_THREAD_MULTIPLE" in ln]
+    assert len(lines) == 1 and lines[0].startswith("[rank 0] warning:"), r.stdout
+    assert "'serialized'" in lines[0] and "Fix:" in lines[0] and "--enable-threads=multiple" in lines[0]

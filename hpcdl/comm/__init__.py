@@ -72,8 +72,11 @@ def init(comm=None, local_size=None):
         sys.excepthook = _abort_on_exception
     atexit.register(_shutdown_at_exit)
     if provided != MPI.THREAD_MULTIPLE and _world.rank == 0:
-        warn("MPI granted thread level %r, not 'multiple': async collectives take turns "
-             "with the caller's thread and overlap less" % _thread_level)
+        warn("MPI granted thread level %r, not MPI_THREAD_MULTIPLE: async collectives take "
+             "turns with the caller's thread and overlap less. Fix: let hpcdl start MPI (no "
+             "mpi4py.rc.thread_level or MPI_Init below 'multiple' before comm.init()), or use "
+             "an MPI built with it (Open MPI: --enable-mpi-thread-multiple; MPICH: "
+             "--enable-threads=multiple)" % _thread_level)
     return _world
 
 
