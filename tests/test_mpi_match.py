@@ -13,6 +13,7 @@ never a segmentation fault, and the matching one runs a collective.
 """
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -207,3 +208,26 @@ def test_without_thread_multiple_one_warning_line_and_collectives_work():
     lines = [ln for ln in r.stdout.splitlines() if "MPI_THREAD_MULTIPLE" in ln]
     assert len(lines) == 1 and lines[0].startswith("[rank 0] warning:"), r.stdout
     assert "'serialized'" in lines[0] and "Fix:" in lines[0] and "--enable-threads=multiple" in lines[0]
+
+
+# ---------------------------------------------------------------- hpcdl info
+def info(python):
+    return subprocess.run([python, "-m", "hpcdl", "info"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_info_shows_both_libraries():
+    r = info(sys.executable)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = dict(m.groups() for m in map(re.compile(r"(MPI library \(\w+\))\s+(.*)").match,
+                                        r.stdout.splitlines()) if m)
+    assert set(rows) == {"MPI library (mpi4py)", "MPI library (core)"}, r.stdout
+    assert "MISMATCH" not in r.stdout
+    assert mpi_info.family(rows["MPI library (mpi4py)"]) == mpi_info.core_mpi()["family"]
+
+
+@peers
+def test_info_says_mismatch_plainly():
+    r = info(OTHER_PYTHON)  # this checkout's core, the other MPI's mpi4py
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "(MISMATCH)" in r.stdout and "\nMISMATCH: MPI mismatch:" in r.stdout, r.stdout

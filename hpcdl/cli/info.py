@@ -1,5 +1,7 @@
-"""info.py - `hpcdl info`: versions, the MPI library, CUDA support and the
-Slurm allocation, so a user (or a bug report) sees the whole stack at once."""
+"""info.py - `hpcdl info`: versions, the MPI library (the one mpi4py loaded and
+the one the C core was built against: MISMATCH when they differ), CUDA support
+and the Slurm allocation, so a user (or a bug report) sees the whole stack at
+once."""
 import json
 import os
 import platform
@@ -17,10 +19,17 @@ def collect():
     from .._version import __version__
     info = {"hpcdl": __version__, "python": platform.python_version(),
             "cores": os.cpu_count()}
+    from ..utils import mpi_info
+    core_mpi = mpi_info.core_mpi()
+    info["core_mpi_library"] = core_mpi["library"] if core_mpi else "unknown (no core built)"
+    info["core_mpicc"] = core_mpi and core_mpi["mpicc"]
+    info["mpi_mismatch"] = None
     try:
         from mpi4py import MPI
-        info["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
+        mpi4py_mpi = mpi_info.mpi4py_mpi(MPI)
+        info["mpi_library"] = mpi4py_mpi["library"]  # the one mpi4py loaded
         info["mpi_standard"] = "%d.%d" % MPI.Get_version()
+        info["mpi_mismatch"] = mpi_info.mismatch(core_mpi, mpi4py_mpi)
     except Exception as e:
         info["mpi_library"] = "not available (%s)" % e
     info["mpi4py"] = _version("mpi4py")
@@ -33,11 +42,13 @@ def collect():
     except Exception:
         info["h5py_mpi"] = False
     try:
+        if info["mpi_mismatch"]:  # the core may not even import beside this mpi4py
+            raise ImportError("built against another MPI than mpi4py's")
         from .. import _core
         info["core_built"] = True
         info["core_cuda"] = bool(_core.built_with_cuda())
         info["mpi_cuda_aware"] = bool(_core.mpi_cuda_aware())
-    except ImportError as e:
+    except Exception as e:  # ImportError, or mpi4py's "size changed" ValueError
         info["core_built"] = "no (%s)" % e
     info["slurm_job"] = os.environ.get("SLURM_JOB_ID")
     if info["slurm_job"]:
@@ -53,7 +64,10 @@ def run(args):
         return 0
     yes = lambda v: "yes" if v is True else ("no" if v is False else str(v))
     rows = [("hpcdl", info["hpcdl"]), ("python", info["python"]),
-            ("MPI library", info["mpi_library"]), ("MPI standard", info.get("mpi_standard", "-")),
+            ("MPI library (mpi4py)", info["mpi_library"]),
+            ("MPI library (core)", info["core_mpi_library"] + (
+                " (MISMATCH)" if info["mpi_mismatch"] else "")),
+            ("MPI standard", info.get("mpi_standard", "-")),
             ("mpi4py", info["mpi4py"]), ("numpy", info["numpy"]), ("torch", info["torch"]),
             ("h5py", info["h5py"]), ("h5py with MPI", yes(info["h5py_mpi"])),
             ("C core built", yes(info["core_built"])),
@@ -66,6 +80,9 @@ def run(args):
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print("%-*s  %s" % (width, k, v))
+    if info["mpi_mismatch"]:
+        print("MISMATCH: " + info["mpi_mismatch"])
+        return 1
     return 0
 
 
