@@ -202,56 +202,59 @@ def test_shared_memory_within_a_host_tcp_across(vc):
 
 # ---------------------------------------------------------------- collectives
 PARTS = [("2x2", p) for p in ["float32", "float64", "float16", "int32", "int64", "other"]] \
-    + [("3x1", p) for p in ["float32", "float16", "int64", "other"]]
+    + [("3x1", p) for p in ["float32", "int64", "other"]]
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("layout,part", PARTS)
 def test_collectives_across_hosts(vc, layout, part):
     # sizes 0, 1, N-1, odd, 1 MiB+3; every op and algorithm; against MPI's own
-    r = hrun(layout, [PY, os.path.join(SCRIPTS, "collectives_check.py"), part])
+    r = hrun(layout, [PY, os.path.join(SCRIPTS, "collectives_check.py"), part], timeout=300)
     assert "FAILED 0" in r.stdout, r.stdout
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("layout,algo", [("2x2", "hier"), ("2x2", "ring"), ("2x2", "auto"),
-                                         ("2x2", "mpi"), ("3x1", "hier"), ("3x1", "auto")])
+@pytest.mark.parametrize("layout,algo", [("2x2", "hier"), ("2x2", "ring"), ("2x2", "mpi"),
+                                         ("3x1", "auto")])
 def test_allreduce_64mib_across_hosts(vc, layout, algo):
     r = hrun(layout, [PY, os.path.join(SCRIPTS, "collectives_check.py"), "big:" + algo,
-                      str(64 << 20)], timeout=180)
+                      str(64 << 20)], timeout=300)
     assert "FAILED 0" in r.stdout, r.stdout
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("layout", ["2x2", "3x1"])
 def test_shared_buffers_across_hosts(vc, layout):
-    r = hrun(layout, [PY, os.path.join(SCRIPTS, "shared_buffer_check.py")], timeout=150)
+    r = hrun(layout, [PY, os.path.join(SCRIPTS, "shared_buffer_check.py")], timeout=300)
     assert "FAILED 0" in r.stdout, r.stdout
 
 
 @pytest.mark.mpi
 def test_distributed_optimizer_exact_2x2(vc):
     r = hrun("2x2", [PY, os.path.join(SCRIPTS, "torch_optimizer_exact.py"),
-                     "sgd", "2", "none", "2e-5"])
+                     "sgd", "2", "none", "2e-5"], timeout=300)
     assert r.stdout.count("EXACT") == 4, r.stdout
 
 
 # ---------------------------------------------------------------- training
-def _train(hosts, out, epochs=2, timeout=180):
-    cmd = HPCDL + ["train", "-n", "2", "-H", hosts, "--epochs", str(epochs),
-                   "--global-batch", "64", "--seed", "3", "--out", str(out)]
-    return vexec("node1", cmd, timeout=timeout)
+def _train(hosts, out, env=None, timeout=300):
+    cmd = HPCDL + ["train", "-n", "2", "-H", hosts, "--epochs", "1", "--global-batch", "64",
+                   "--seed", "3", "--out", str(out)]
+    return vexec("node1", cmd, timeout=timeout, env=env)
 
 
 @pytest.mark.mpi
 def test_train_on_two_hosts_ends_like_one_host(vc, tmp_path):
-    # /work is shared by the hosts (not /tmp): run folders must be on it
-    base = tmp_path_shared(tmp_path)
-    one = _train("node1:2", os.path.join(base, "one"))
+    # the same run as 2 virtual nodes of one host (HPCDL_LOCAL_SIZE=1, what the
+    # multi-node tests used before) and as 2 real hosts: bit-identical weights.
+    # (1 host x 2 ranks as one node takes the shared-memory path: other bits.)
+    base = tmp_path_shared(tmp_path)  # a folder every host sees
+    one = _train("node1:2", os.path.join(base, "one"), env={"HPCDL_LOCAL_SIZE": "1"})
     two = _train("node1:1,node2:1", os.path.join(base, "two"))
     assert one.returncode == 0 and two.returncode == 0, one.stdout + two.stdout
     sums = [json.load(open(os.path.join(base, d, "summary.json"))) for d in ("one", "two")]
     assert sums[0]["params_sha256"] == sums[1]["params_sha256"], sums
+    assert sums[1]["test_accuracy"] > 0.85, sums
     assert not wait_no_leftovers()
 
 
@@ -259,15 +262,17 @@ def tmp_path_shared(tmp_path):
     """A run folder every host sees: pytest's tmp_path is under /tmp, which is
     node-local in a vcluster, so use a folder in the repository's build area."""
     base = os.path.join(REPO, "build", "test_vcluster", tmp_path.name)
-    os.makedirs(base, exist_ok=True)
+    shutil.rmtree(base, ignore_errors=True)  # a previous session's run
+    os.makedirs(base)
     return base
 
 
 def _fault(how):
     if how == "kill":  # every process of the job on node2, at once
         st = {h["name"]: h for h in state.load()["hosts"]}
-        hostns.kill_pids(hostns.processes_in("node2", skip=(st["node2"]["holder"],)),
-                         grace_s=0)
+        pids = hostns.processes_in("node2", skip=(st["node2"]["holder"],))
+        assert pids, "no process of the job on node2 to kill"
+        hostns.kill_pids(pids, grace_s=0)
     else:
         subprocess.run(["ip", "-n", "node2", "link", "set", "eth0", "down"], check=True)
 
@@ -276,8 +281,9 @@ def _fault(how):
 @pytest.mark.parametrize("how", ["kill", "link"])
 def test_lost_host_ends_the_job_everywhere(vc, tmp_path, how):
     base = tmp_path_shared(tmp_path)
-    cmd = HPCDL + ["train", "-n", "2", "-H", "node1:1,node2:1", "--epochs", "200",
-                   "--global-batch", "64", "--out", base]
+    # short epochs (8 steps) of synthetic data: the fault comes after the first
+    cmd = HPCDL + ["train", "-n", "2", "-H", "node1:1,node2:1", "--epochs", "1000",
+                   "--data", "synthetic:64:10:640", "--global-batch", "64", "--out", base]
     proc = subprocess.Popen(HPCDL + ["vcluster", "exec", "node1", "--"] + cmd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO, env=mpi_env(), start_new_session=True)
@@ -289,7 +295,11 @@ def test_lost_host_ends_the_job_everywhere(vc, tmp_path, how):
             time.sleep(0.2)
         t0 = time.time()
         _fault(how)
-        out, _ = proc.communicate(timeout=30)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out = "(still running after 30 s)\n" + proc.communicate()[0]
         ended = time.time() - t0
         left = wait_no_leftovers(timeout=max(1.0, 30 - (time.time() - t0)))
         gone = time.time() - t0
