@@ -20,8 +20,9 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CORE_SOURCES = ["error.c", "reduce.c", "ring.c", "shm.c", "hierarchical.c", "context.c",
-                "engine.c", "stall.c", "cuda_support.c", "shared.c", "python/core_module.c"]
+# the core's C files, as src_c/Makefile finds them, plus the binding; the
+# src_c/cuda/*.c files compile to nothing without CUDA, its *.cu are build_cuda's
+CORE_SOURCE_GLOBS = ["*.c", "python/*.c", "cuda/*.c"]
 
 
 def say(msg):
@@ -270,9 +271,8 @@ def mpi4py_include():
 def core_extension():
     return Extension(
         "hpcdl._core",
-        sources=[os.path.join("src_c", s) for s in CORE_SOURCES]
-        + sorted(os.path.relpath(p, HERE)
-                 for p in glob.glob(os.path.join(HERE, "src_c", "cuda", "*.c"))),
+        sources=sorted(os.path.relpath(p, HERE) for g in CORE_SOURCE_GLOBS
+                       for p in glob.glob(os.path.join(HERE, "src_c", g))),
         include_dirs=[os.path.join("src_c", "include"), "src_c", mpi4py_include()],
         extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-parameter"],
         libraries=["pthread", "m"],

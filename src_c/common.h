@@ -109,7 +109,8 @@ static inline hpcdl_shared_buf *hpcdl_shared_for(const hpcdl_ctx *ctx, const hpc
 void hpcdl_stall_stop(hpcdl_ctx *ctx);
 
 // ----------------------------------------------------------------------------
-// building blocks (each is collective over the team's communicators)
+// building blocks (each is collective over the team's communicators):
+// teams (team.c) and the agreement check (agree.c)
 
 int hpcdl_team_create(hpcdl_team *t, MPI_Comm comm, int local_size);
 int hpcdl_team_free(hpcdl_team *t);
@@ -118,6 +119,41 @@ int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
                       int nsig, const char *const *names);
 // The agreement check from a rank whose own arguments failed validation.
 int hpcdl_check_invalid(const hpcdl_team *t, const char *what, int nsig);
+
+// ----------------------------------------------------------------------------
+// the ring's pipelined step (ring.c), used by the host ring and the
+// GPU-direct ring (cuda/): send sn bytes of src to `to` while receiving rn
+// bytes from `from`, chunk by chunk, combining chunk k-1 while chunk k is on
+// the wire.
+
+typedef struct hpcdl_step hpcdl_step;
+
+// Combines one received chunk: dst = recvd op own (count elements of the
+// step's dtype, with its op). Must be finished with recvd when it returns
+// (the step reuses that buffer two chunks later). Returns an hpcdl code.
+typedef int (*hpcdl_step_reduce_fn)(const hpcdl_step *s, void *dst, const void *recvd,
+                                    const void *own, size_t count);
+
+struct hpcdl_step {
+    const hpcdl_team *team;      // for its wait policy
+    MPI_Comm comm;
+    int to, from, tag;
+    hpcdl_dtype dtype;
+    hpcdl_op op;
+    size_t chunk;                // bytes per chunk, a multiple of the element size
+    char *tmp[2];                // two chunk-sized receive buffers (only when combining)
+    hpcdl_step_reduce_fn reduce; // NULL: hpcdl_reduce_local on host memory
+    void *user;                  // the reduce hook's own state (the CUDA path's stream)
+};
+
+// own == NULL: received bytes land in dst. own != NULL: they land in tmp[]
+// and are combined into dst with own. dst may equal own (in place).
+int hpcdl_ring_step(const hpcdl_step *s, const char *src, size_t sn, char *dst, size_t rn,
+                    const char *own);
+
+// ----------------------------------------------------------------------------
+// the algorithms (each is collective over the team's communicators): ring.c,
+// shm.c + hierarchical.c
 
 int hpcdl_ring_allreduce(hpcdl_team *t, MPI_Comm comm, const void *send, void *recv,
                          size_t count, hpcdl_dtype dtype, hpcdl_op op);
@@ -134,11 +170,23 @@ void hpcdl_shm_free(hpcdl_team *t);
 int hpcdl_hier_allreduce(hpcdl_team *t, const void *send, void *recv, size_t count,
                          hpcdl_dtype dtype, hpcdl_op op);
 
-// shared: the caller's hpcdl_shared_for (resolved on its thread), or NULL.
+// ----------------------------------------------------------------------------
+// dispatch.c: one collective on team t (the caller's or the engine's), the
+// agreement check first. shared: the caller's hpcdl_shared_for (resolved on
+// its thread), or NULL.
+
 int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_shared_buf *shared,
-                             const void *send,
-                             void *recv, size_t count, hpcdl_dtype dtype, hpcdl_op op,
-                             hpcdl_algo algo, hpcdl_algo *used);
+                             const void *send, void *recv, size_t count, hpcdl_dtype dtype,
+                             hpcdl_op op, hpcdl_algo algo, hpcdl_algo *used);
+int hpcdl_dispatch_reduce_scatter(hpcdl_ctx *ctx, hpcdl_team *t, const void *send,
+                                   void *recv, const size_t *counts, hpcdl_dtype dtype,
+                                   hpcdl_op op, hpcdl_algo algo);
+int hpcdl_dispatch_allgatherv(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *recv,
+                              const size_t *counts, hpcdl_dtype dtype, hpcdl_algo algo);
+int hpcdl_dispatch_broadcast(hpcdl_ctx *ctx, hpcdl_team *t, void *buf, size_t count,
+                             hpcdl_dtype dtype, int root, hpcdl_algo algo);
+// context.c. Local call: the enums in range.
+int hpcdl_check_enums(const char *what, hpcdl_dtype d, hpcdl_op op, hpcdl_algo a);
 
 #ifdef HPCDL_WITH_CUDA
 // cuda/cuda_allreduce.c. Local call: 1 if p is device (or managed) memory;
@@ -152,19 +200,24 @@ int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *
                          size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo);
 #endif
 
-int hpcdl_dispatch_reduce_scatter(hpcdl_ctx *ctx, hpcdl_team *t, const void *send,
-                                   void *recv, const size_t *counts, hpcdl_dtype dtype,
-                                   hpcdl_op op, hpcdl_algo algo);
-int hpcdl_dispatch_allgatherv(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *recv,
-                              const size_t *counts, hpcdl_dtype dtype, hpcdl_algo algo);
-int hpcdl_dispatch_broadcast(hpcdl_ctx *ctx, hpcdl_team *t, void *buf, size_t count,
-                             hpcdl_dtype dtype, int root, hpcdl_algo algo);
-int hpcdl_check_enums(const char *what, hpcdl_dtype d, hpcdl_op op, hpcdl_algo a);
-
+// ----------------------------------------------------------------------------
+// mpi_coll.c: MPI's own collectives on t->world. _pieces leaves the
+// average's division to the caller (device memory); the others divide on
+// the host.
 int hpcdl_mpi_allreduce_pieces(hpcdl_team *t, const void *send, void *recv, size_t count,
                                hpcdl_dtype dtype, hpcdl_op op);
+int hpcdl_mpi_allreduce(hpcdl_team *t, const void *send, void *recv, size_t count,
+                        hpcdl_dtype dtype, hpcdl_op op);
+int hpcdl_mpi_reduce_scatter(hpcdl_team *t, const void *send, void *recv,
+                             const size_t *counts, hpcdl_dtype dtype, hpcdl_op op);
+int hpcdl_mpi_allgatherv(hpcdl_team *t, const void *send, void *recv, const size_t *counts,
+                         hpcdl_dtype dtype);
+int hpcdl_mpi_broadcast(hpcdl_team *t, void *buf, size_t count, hpcdl_dtype dtype, int root);
 MPI_Datatype hpcdl_mpi_dtype(hpcdl_dtype dtype);
 int hpcdl_mpi_op(hpcdl_dtype dtype, hpcdl_op op, MPI_Op *out);
+
+// ----------------------------------------------------------------------------
+// block arithmetic
 
 // Balanced split of count elements into n blocks: block i starts at
 // hpcdl_block_start(count, n, i) and ends at hpcdl_block_start(count, n, i + 1).

@@ -71,7 +71,7 @@ struct hpcdl_engine {
 // ----------------------------------------------------------------------------
 // running one item (engine thread, or caller's thread when not threaded)
 
-// fields of each kind's agreement-check signature (context.c)
+// fields of each kind's agreement-check signature (dispatch.c)
 static int sig_fields(work_kind k) { return k == W_ALLGATHERV ? 4 : k == W_ALLREDUCE ? 6 : 5; }
 
 static int dispatch(hpcdl_ctx *ctx, work *w, hpcdl_algo *used) {

@@ -29,29 +29,32 @@
 enum { TAG_RS = 7301, TAG_AG = 7302, TAG_BC = 7303 };
 
 // ----------------------------------------------------------------------------
-// one step: send sn bytes to `to` while receiving rn bytes from `from`.
-// Received chunks land in dst; with own != NULL they are combined instead:
-// dst = received op own. Chunks are element-aligned.
+// one step (hpcdl_step in common.h): send sn bytes to `to` while receiving rn
+// bytes from `from`. Received chunks land in dst; with own != NULL they are
+// combined instead: dst = received op own, by s->reduce (the host's
+// hpcdl_reduce_local when NULL; the CUDA path passes a kernel launch).
+// Chunks are element-aligned. The GPU-direct ring (cuda/) runs this same step
+// on device buffers.
 
-typedef struct {
-    const hpcdl_team *team; // for its wait policy
-    MPI_Comm comm;
-    int to, from, tag;
-    hpcdl_dtype dtype;
-    hpcdl_op op;
-    size_t chunk;      // bytes per chunk, a multiple of the element size
-    char *tmp[2];      // two chunk-sized receive buffers (only when reducing)
-} step_args;
+static int reduce_host(const hpcdl_step *s, void *dst, const void *recvd, const void *own,
+                       size_t count) {
+    hpcdl_reduce_local(dst, recvd, own, count, s->dtype, s->op);
+    return HPCDL_OK;
+}
 
-static int ring_step(const step_args *a, const char *src, size_t sn, char *dst,
-                     size_t rn, const char *own) {
+// Preconditions across ranks: `to` receives, with the same tag and chunk
+// size, as many bytes as this rank sends (its rn is this rank's sn).
+int hpcdl_ring_step(const hpcdl_step *a, const char *src, size_t sn, char *dst, size_t rn,
+                    const char *own) {
     size_t esz = hpcdl_dtype_size(a->dtype);
     size_t ns = (sn + a->chunk - 1) / a->chunk, nr = (rn + a->chunk - 1) / a->chunk;
     size_t nk = ns > nr ? ns : nr;
+    hpcdl_step_reduce_fn reduce = a->reduce ? a->reduce : reduce_host;
     MPI_Request rq[2][2] = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL},
                             {MPI_REQUEST_NULL, MPI_REQUEST_NULL}}; // [k%2][send,recv]
     for (size_t k = 0; k <= nk; k++) {
-        // post chunk k (so it flies while chunk k-1 is reduced below)
+        // post chunk k (so it flies while chunk k-1 is reduced below); tmp[k % 2]
+        // is free: chunk k-2's reduction has finished
         if (k < nk) {
             size_t so = k * a->chunk, ro = k * a->chunk;
             if (so < sn) {
@@ -72,8 +75,7 @@ static int ring_step(const step_args *a, const char *src, size_t sn, char *dst,
             MPI_CHECK(hpcdl_team_wait(a->team, &rq[j % 2][1]));
             if (own && ro < rn) {
                 size_t len = rn - ro < a->chunk ? rn - ro : a->chunk;
-                hpcdl_reduce_local(dst + ro, a->tmp[j % 2], own + ro, len / esz,
-                                   a->dtype, a->op);
+                HPCDL_TRY(reduce(a, dst + ro, a->tmp[j % 2], own + ro, len / esz));
             }
             MPI_CHECK(hpcdl_team_wait(a->team, &rq[j % 2][0]));
         }
@@ -106,8 +108,8 @@ static int reduce_scatter_phase(hpcdl_team *t, MPI_Comm comm, const char *send,
     }
     for (int i = 0; i < n; i++)
         if (off[i + 1] - off[i] > maxblk) maxblk = off[i + 1] - off[i];
-    step_args a = {t, comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_RS, dtype, op,
-                   chunk_for(t, dtype), {NULL, NULL}};
+    hpcdl_step a = {t, comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_RS, dtype, op,
+                    chunk_for(t, dtype), {NULL, NULL}, NULL, NULL};
     // partial sums need block-sized homes when the caller has no full buffer
     char *part = NULL, *tmp = malloc(2 * a.chunk);
     if (!recv_full) part = malloc(2 * maxblk * esz + 1);
@@ -126,8 +128,8 @@ static int reduce_scatter_phase(hpcdl_team *t, MPI_Comm comm, const char *send,
         char *dst = s == n - 2 ? out
                     : recv_full ? recv_full + off[rb] * esz
                                 : part + (size_t)(s % 2) * maxblk * esz;
-        rc = ring_step(&a, src, (off[sb + 1] - off[sb]) * esz, dst,
-                       (off[rb + 1] - off[rb]) * esz, send + off[rb] * esz);
+        rc = hpcdl_ring_step(&a, src, (off[sb + 1] - off[sb]) * esz, dst,
+                             (off[rb + 1] - off[rb]) * esz, send + off[rb] * esz);
         prev = dst;
     }
     free(tmp);
@@ -143,13 +145,13 @@ static int allgather_phase(hpcdl_team *t, MPI_Comm comm, char *buf, const size_t
     MPI_CHECK(MPI_Comm_rank(comm, &r));
     size_t esz = hpcdl_dtype_size(dtype);
     // no reduction to overlap: bigger pieces mean fewer messages
-    step_args a = {t, comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_AG, dtype, HPCDL_SUM,
-                   chunk_for(t, dtype) * 16, {NULL, NULL}};
+    hpcdl_step a = {t, comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_AG, dtype, HPCDL_SUM,
+                    chunk_for(t, dtype) * 16, {NULL, NULL}, NULL, NULL};
     if (a.chunk > (size_t)INT_MAX / 2) a.chunk = chunk_for(t, dtype);
     for (int s = 0; s < n - 1; s++) {
         int sb = hpcdl_mod(r - s, n), rb = hpcdl_mod(r - s - 1, n);
-        HPCDL_TRY(ring_step(&a, buf + off[sb] * esz, (off[sb + 1] - off[sb]) * esz,
-                            buf + off[rb] * esz, (off[rb + 1] - off[rb]) * esz, NULL));
+        HPCDL_TRY(hpcdl_ring_step(&a, buf + off[sb] * esz, (off[sb + 1] - off[sb]) * esz,
+                                  buf + off[rb] * esz, (off[rb + 1] - off[rb]) * esz, NULL));
     }
     return HPCDL_OK;
 }

@@ -206,9 +206,7 @@ static int host_allreduce(hpcdl_team *t, void *buf, size_t n, hpcdl_dtype dtype,
                           hpcdl_op op, hpcdl_algo algo) {
     if (algo == HPCDL_ALGO_HIER) return hpcdl_hier_allreduce(t, buf, buf, n, dtype, op);
     if (algo != HPCDL_ALGO_MPI) return hpcdl_ring_allreduce(t, t->world, buf, buf, n, dtype, op);
-    HPCDL_TRY(hpcdl_mpi_allreduce_pieces(t, buf, buf, n, dtype, op));
-    if (op == HPCDL_AVERAGE) hpcdl_divide_local(buf, n, dtype, t->size);
-    return HPCDL_OK;
+    return hpcdl_mpi_allreduce(t, buf, buf, n, dtype, op);
 }
 
 // Queues the copy of piece k of src (pieces of `piece` elements) into pinned
@@ -252,18 +250,9 @@ static int staged_allreduce(hpcdl_team *t, gpu_state *g, const void *send, void 
 //   after N-1 steps rank r holds the fully reduced block r.
 //   all-gather: ring.c's own (pure MPI, so device pointers pass as they are).
 //
-// Cost as ring.c: each rank sends 2(N-1)/N of the buffer. Inside a step the
-// kernel reducing chunk k runs while chunk k+1 is on the wire.
-
-typedef struct {
-    MPI_Comm comm;
-    int to, from;
-    hpcdl_dtype dtype;
-    hpcdl_op op;
-    size_t chunk;        // bytes per chunk, a multiple of the element size
-    char *tmp[2];        // two device receive chunks
-    cudaStream_t stream;
-} dev_step;
+// Cost as ring.c: each rank sends 2(N-1)/N of the buffer. Each step is
+// ring.c's hpcdl_ring_step with a GPU reduction: the kernel reducing chunk k
+// runs while chunk k+1 is on the wire.
 
 // A kernel launch and a stream sync cost ~10 us per chunk, which a
 // host-sized chunk (256 KiB by default) would not hide: GPU chunks are at
@@ -275,35 +264,13 @@ static size_t gpu_chunk(const hpcdl_team *t, hpcdl_dtype dtype) {
     return c - c % esz;
 }
 
-// Sends sn bytes of src to `to` while receiving rn bytes from `from` and
-// reducing them into dst: dst = received op dst.
-static int dev_ring_step(const dev_step *a, const char *src, size_t sn, char *dst, size_t rn) {
-    size_t esz = hpcdl_dtype_size(a->dtype);
-    size_t ns = (sn + a->chunk - 1) / a->chunk, nr = (rn + a->chunk - 1) / a->chunk;
-    size_t nk = ns > nr ? ns : nr;
-    MPI_Request rq[2][2] = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL},
-                            {MPI_REQUEST_NULL, MPI_REQUEST_NULL}}; // [k%2][send,recv]
-    for (size_t k = 0; k <= nk; k++) {
-        size_t o = k * a->chunk;
-        // post chunk k; tmp[k % 2] is free: chunk k-2's kernel was synchronised
-        if (k < nk && o < sn)
-            MPI_CHECK(MPI_Isend(src + o, (int)(sn - o < a->chunk ? sn - o : a->chunk),
-                                MPI_BYTE, a->to, TAG_DEV_RS, a->comm, &rq[k % 2][0]));
-        if (k < nk && o < rn)
-            MPI_CHECK(MPI_Irecv(a->tmp[k % 2], (int)(rn - o < a->chunk ? rn - o : a->chunk),
-                                MPI_BYTE, a->from, TAG_DEV_RS, a->comm, &rq[k % 2][1]));
-        if (k == 0) continue;
-        // reduce chunk k-1 on the GPU while chunk k is in flight
-        size_t j = k - 1, ro = j * a->chunk;
-        MPI_CHECK(MPI_Wait(&rq[j % 2][1], MPI_STATUS_IGNORE));
-        if (ro < rn) {
-            size_t len = rn - ro < a->chunk ? rn - ro : a->chunk;
-            HPCDL_TRY(hpcdl_cuda_reduce(dst + ro, a->tmp[j % 2], dst + ro, len / esz,
-                                        a->dtype, a->op, a->stream));
-            CUDA_CHECK(cudaStreamSynchronize(a->stream));
-        }
-        MPI_CHECK(MPI_Wait(&rq[j % 2][0], MPI_STATUS_IGNORE));
-    }
+// The step's reduce hook: dst = recvd op own on the GPU, finished on return
+// (the step reuses recvd's scratch two chunks later).
+static int reduce_on_device(const hpcdl_step *s, void *dst, const void *recvd,
+                            const void *own, size_t count) {
+    gpu_state *g = s->user;
+    HPCDL_TRY(hpcdl_cuda_reduce(dst, recvd, own, count, s->dtype, s->op, g->stream));
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return HPCDL_OK;
 }
 
@@ -311,15 +278,16 @@ static int dev_reduce_scatter(hpcdl_team *t, gpu_state *g, char *buf, const size
                               hpcdl_dtype dtype, hpcdl_op op) {
     int n = t->size, r = t->rank;
     size_t esz = hpcdl_dtype_size(dtype);
-    dev_step a = {t->world, (r + 1) % n, hpcdl_mod(r - 1, n), dtype, op,
-                  gpu_chunk(t, dtype), {NULL, NULL}, g->stream};
+    hpcdl_step a = {t, t->world, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_DEV_RS, dtype, op,
+                    gpu_chunk(t, dtype), {NULL, NULL}, reduce_on_device, g};
     HPCDL_TRY(ensure_scratch(g, 2 * a.chunk));
     a.tmp[0] = g->scratch;
     a.tmp[1] = g->scratch + a.chunk;
     for (int s = 0; s < n - 1; s++) {
         int sb = hpcdl_mod(r - s - 1, n), rb = hpcdl_mod(r - s - 2, n);
-        HPCDL_TRY(dev_ring_step(&a, buf + off[sb] * esz, (off[sb + 1] - off[sb]) * esz,
-                                buf + off[rb] * esz, (off[rb + 1] - off[rb]) * esz));
+        char *dst = buf + off[rb] * esz; // reduced in place: own is dst
+        HPCDL_TRY(hpcdl_ring_step(&a, buf + off[sb] * esz, (off[sb + 1] - off[sb]) * esz,
+                                  dst, (off[rb + 1] - off[rb]) * esz, dst));
     }
     return HPCDL_OK;
 }

@@ -1,0 +1,84 @@
+/*
+ * team.c - a team: the communicators one thread uses (world, the node's
+ * ranks, the ranks with the same local rank on every node), the node's
+ * shared-memory segment, and how the thread waits for a message (spinning on
+ * the caller's thread, testing and sleeping on the engine's).
+ */
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "common.h"
+#include "shm.h"
+
+// ----------------------------------------------------------------------------
+// creating and freeing
+
+// Collective over comm. local_size > 0 makes virtual nodes of that many ranks.
+// Preconditions across ranks: the same local_size (it must divide the size).
+int hpcdl_team_create(hpcdl_team *t, MPI_Comm comm, int local_size) {
+    memset(t, 0, sizeof *t);
+    t->chunk_bytes = (size_t)256 << 10;
+    MPI_CHECK(MPI_Comm_dup(comm, &t->world));
+    MPI_CHECK(MPI_Comm_set_errhandler(t->world, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(t->world, &t->rank));
+    MPI_CHECK(MPI_Comm_size(t->world, &t->size));
+    if (local_size > 0) {
+        if (t->size % local_size != 0)
+            return hpcdl_fail(HPCDL_ERR_ARG,
+                              "HPCDL_LOCAL_SIZE=%d does not divide the %d ranks. Hint: "
+                              "pick a divisor of the rank count, or unset it to split "
+                              "by shared memory.", local_size, t->size);
+        MPI_CHECK(MPI_Comm_split(t->world, t->rank / local_size, t->rank, &t->local));
+    } else {
+        MPI_CHECK(MPI_Comm_split_type(t->world, MPI_COMM_TYPE_SHARED, t->rank,
+                                      MPI_INFO_NULL, &t->local));
+    }
+    MPI_CHECK(MPI_Comm_set_errhandler(t->local, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(t->local, &t->local_rank));
+    MPI_CHECK(MPI_Comm_size(t->local, &t->local_size));
+    MPI_CHECK(MPI_Comm_split(t->world, t->local_rank, t->rank, &t->cross));
+    MPI_CHECK(MPI_Comm_set_errhandler(t->cross, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(t->cross, &t->cross_rank));
+    MPI_CHECK(MPI_Comm_size(t->cross, &t->cross_size));
+    int minmax[2] = {-t->local_size, t->local_size};
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, minmax, 2, MPI_INT, MPI_MAX, t->world));
+    t->uniform = -minmax[0] == minmax[1];
+    if (t->local_size > 1) HPCDL_TRY(hpcdl_shm_create(t));
+    return HPCDL_OK;
+}
+
+// Collective over the team's communicators (MPI_Comm_free is).
+int hpcdl_team_free(hpcdl_team *t) {
+    hpcdl_shm_free(t);
+    free(t->scratch);
+    t->scratch = NULL;
+    if (t->cross != MPI_COMM_NULL && t->cross) MPI_CHECK(MPI_Comm_free(&t->cross));
+    if (t->local != MPI_COMM_NULL && t->local) MPI_CHECK(MPI_Comm_free(&t->local));
+    if (t->world != MPI_COMM_NULL && t->world) MPI_CHECK(MPI_Comm_free(&t->world));
+    return HPCDL_OK;
+}
+
+// ----------------------------------------------------------------------------
+// waiting (the policy is described at hpcdl_team_wait in common.h)
+
+// Local call. Returns an MPI error code, for MPI_CHECK.
+int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req) {
+    if (!t->polite) return MPI_Wait(req, MPI_STATUS_IGNORE);
+    long sleep_ns = 2000;
+    for (unsigned spins = 0;; spins++) {
+        int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS || done) return rc;
+        if (spins < 64) continue; // a message due any moment: keep testing
+        if (hpcdl_team_urgent(t)) { // the caller waits for us: its core is ours
+            if ((spins & 63) == 0) sched_yield(); // still let other work on it run
+            sleep_ns = 2000;
+            continue;
+        }
+        // back off exponentially to 0.5 ms: a long wait (a peer still in its
+        // backward pass) must not wake this core thousands of times a second
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 500000 && (spins & 15) == 0) sleep_ns *= 2;
+    }
+}
