@@ -17,7 +17,9 @@ Layers: net (links, names, rates), hostns (holders, entering, processes),
 state (the record), cluster (up/down/status), agent (MPI launch); the CLI is
 hpcdl/cli/vcluster.py.
 """
-from .cluster import down, holder_of, status, up  # noqa: F401
+from .cluster import down, holder_of, kill_processes, processes, status, up  # noqa: F401
 from .errors import VclusterError  # noqa: F401
+from .state import state_dir  # noqa: F401
 from .hostns import exec_host  # noqa: F401
+from . import floor  # noqa: F401
 from .agent import launch_hosts_problem  # noqa: F401

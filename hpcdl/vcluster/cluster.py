@@ -148,6 +148,21 @@ def status():
     return st
 
 
+def processes():
+    """{host: pids} of the processes running on each host, holders aside
+    (for tests and tools that check a job left nothing behind); {} when down."""
+    st = state.load() or {"hosts": []}
+    return {h["name"]: hostns.processes_in(h["name"], skip=(h["holder"],))
+            for h in st["hosts"]}
+
+
+def kill_processes(host=None):
+    """Kills every process on host (every host when None), holders aside."""
+    for name, pids in processes().items():
+        if host in (None, name):
+            hostns.kill_pids(pids, grace_s=0)
+
+
 def holder_of(host):
     """(state, holder pid) of host; VclusterError naming the hosts if unknown."""
     st = state.load()
