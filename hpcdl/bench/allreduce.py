@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..utils.log import print0  # the one rank-0 printer
+from ..vcluster import floor as net_floor  # the network floor across vcluster hosts
 
 # hpcdl's algorithms (the C core); "shared" is auto on a buffer in node shared
 # memory (Communicator.shared_buffer), as DistributedOptimizer's buckets are
@@ -294,7 +295,8 @@ def bench_size(world, nbytes, impls, opts):
         rows.append({"impl": name, "bytes": nbytes, "count": count, "type": opts.dtype,
                      "redop": "sum", "time_us": t * 1e6, "algbw": algbw,
                      "busbw": busbw(algbw, n), "wrong": wrong,
-                     "floor_us": 2 * n * nbytes / (copy_bw * 1e9) * 1e6,
+                     "floor_us": net_floor.network_floor_us(nbytes, world.cross_size)
+                     or 2 * n * nbytes / (copy_bw * 1e9) * 1e6,
                      "copy_bw_GBps": copy_bw, "iters": iters, "min_us": fastest * 1e6,
                      "algorithm": (world.choose_algorithm(nbytes) if name == "auto" else
                                    "hier-shared" if name == "shared" else name)})
@@ -378,6 +380,8 @@ def print_header(world, job, opts, sizes, impls, copy_bw, notes):
            "sizes copy faster): the time to copy every rank's buffer twice. A path that "
            "moves fewer bytes than copies do (shared: ranks add straight from each "
            "other's shared memory) can beat it")
+    if net_floor.header_line(world.cross_size):
+        print0("#  " + net_floor.header_line(world.cross_size))
     print0("#  auto picks: %s" % auto_ranges(world, sizes))
     for note in notes:
         print0("#  " + note)
