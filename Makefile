@@ -32,7 +32,7 @@ H5PY_MPI_STAMP := $(VENV)/.h5py-mpi
 H5PY_MPI_LOG := $(VENV)/h5py-mpi.log
 HDF5_MPI_INCLUDEDIR ?= /usr/include/hdf5/openmpi
 HDF5_MPI_LIBDIR ?= /usr/lib/$(shell gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)/hdf5/openmpi
-CORE_SOURCES := $(wildcard src_c/*.c src_c/*.h src_c/include/*.h src_c/python/*.c src_c/cuda/*) setup.py pyproject.toml
+CORE_SOURCES := $(wildcard src_c/*.c src_c/*.h src_c/include/*.h src_c/python/*.c src_c/python/*.h src_c/cuda/*) setup.py pyproject.toml
 
 .PHONY: setup setup-base h5py-mpi h5py-mpi-packages run test test-c test-py test-mpich \
 	mpich-setup test-mpich-only bench clean check-python check-mpi check-slurm FORCE

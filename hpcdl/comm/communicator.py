@@ -26,7 +26,7 @@ from ..utils.agree import raise_on_every_rank
 
 from numpy import ndarray as _ndarray
 
-# fields of each collective's agreement-check signature (src_c/context.c)
+# fields of each collective's agreement-check signature (src_c/agree.c)
 SIG_FIELDS = {"allgather": 4, "allreduce": 6}
 
 MismatchError = _core.MismatchError
@@ -114,6 +114,45 @@ class Communicator:
     def close(self):
         """Collective: frees communicators, shared memory and the engine."""
         self._ctx.close()
+
+    # ------------------------------------------------------ sub-communicators
+    def split(self, ranks):
+        """Collective over every rank of this communicator, all passing the
+        same ranks (of this communicator): a new Communicator over those
+        ranks, in ascending order, with its own core context and engine (so
+        ring, hierarchical and shared-memory algorithms run inside it, and
+        the agreement check covers its ranks only). Returns None on the ranks
+        outside. ValueError on every rank for an empty list, a repeated rank,
+        a rank out of range, or ranks that passed different lists.
+        Free it with free() (collective over its own ranks)."""
+        try:
+            mine, err = sorted(int(r) for r in ranks), None
+        except (TypeError, ValueError) as e:
+            mine, err = None, e
+        every = self.allgather_object(mine)
+        if err is not None:
+            raise ValueError("split: ranks must be a list of ints, got %r" % (ranks,))
+        if any(r != every[0] for r in every):
+            raise ValueError("split: ranks passed different lists: %s" % ", ".join(
+                "rank %d: %s" % (i, r) for i, r in enumerate(every)))
+        if not mine or len(set(mine)) != len(mine) or mine[0] < 0 or mine[-1] >= self.size:
+            raise ValueError("split: ranks %s must be a non-empty list of distinct ranks in "
+                             "0..%d" % (mine, self.size - 1))
+        sub = self.mpi.Create(self.mpi.Get_group().Incl(mine))
+        if sub == MPI.COMM_NULL:
+            return None
+        virtual = int(os.environ.get("HPCDL_LOCAL_SIZE", "0") or 0)
+        child = Communicator(sub, 0 if virtual and len(mine) % virtual else None)
+        child._split_from = self  # free() gives the MPI communicator back
+        return child
+
+    def free(self):
+        """Collective over this communicator's ranks: close(), and for one made
+        by split(), free its MPI communicator."""
+        self.close()
+        if getattr(self, "_split_from", None) is not None:
+            self.mpi.Free()
+            self._split_from = None
 
     # ------------------------------------------------------------ collectives
     # Each collective has a _prep_* that validates and returns the core's
