@@ -30,7 +30,9 @@ HOROVOD_NAMES = """init shutdown is_initialized size local_size cross_size rank 
     reducescatter_async poll synchronize barrier join broadcast_parameters
     broadcast_optimizer_state broadcast_object allgather_object Compression SyncBatchNorm
     DistributedOptimizer is_homogeneous grouped_allgather grouped_allgather_async
-    grouped_reducescatter grouped_reducescatter_async start_timeline stop_timeline""".split()
+    grouped_reducescatter grouped_reducescatter_async start_timeline stop_timeline
+    ProcessSet add_process_set remove_process_set global_process_set HorovodInternalError
+    sparse_allreduce sparse_allreduce_async""".split()
 
 
 # ---------------------------------------------------------------- one process
@@ -229,6 +231,35 @@ def test_gradients_match_single_process_autograd(n):
 @pytest.mark.parametrize("part", ["state", "syncbn"])
 def test_functions_and_sync_batch_norm(n, part):
     _check(n, "torch_functions_check.py", part)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_process_sets_names_shapes_sparse(n):
+    # process sets (even / odd / overlapping), bad input on every rank, names
+    # in flight, shape agreement, sparse all-reduce and sparse embeddings
+    r = run_python(n, os.path.join(SCRIPTS, "torch_process_sets_check.py"), timeout=300)
+    assert "FAILED 0" in r.stdout, r.stdout
+
+
+def test_horovod_internal_error_is_both():
+    from hpcdl.comm import MismatchError
+    from hpcdl.torch.exceptions import as_internal
+    e = as_internal(MismatchError("x"))
+    assert isinstance(e, hvd.HorovodInternalError) and isinstance(e, MismatchError)
+    assert isinstance(as_internal(RuntimeError("y")), hvd.HorovodInternalError)
+    v = ValueError("z")
+    assert as_internal(v) is v
+
+
+def test_process_set_objects():
+    ps = hvd.ProcessSet([3, 1])
+    assert ps.ranks == [1, 3] and ps.size() is None and ps.rank() is None
+    with pytest.raises(ValueError, match="list of process ranks"):
+        hvd.ProcessSet([0, "1"])
+    with pytest.raises(TypeError, match="list of ranks"):
+        hvd.ProcessSet(7)
+    assert hvd.global_process_set.process_set_id == 0
 
 
 @pytest.mark.mpi

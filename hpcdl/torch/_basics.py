@@ -7,7 +7,7 @@ import enum
 import warnings
 
 from .. import comm
-from . import _handles
+from . import _handles, process_sets as _sets
 
 
 class ReduceOp(enum.IntEnum):
@@ -29,17 +29,27 @@ _COMM_OPS = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "p
 def init(comm=None, process_sets=None):
     """Starts hpcdl on comm: None (MPI_COMM_WORLD), an mpi4py communicator, or
     a list of MPI_COMM_WORLD ranks (every world rank calls init with the same
-    list; ranks outside it get an error). Calling it again is a no-op."""
-    if process_sets is not None:
-        raise ValueError("process sets are not supported by hpcdl; run the "
-                         "subset on its own communicator: hvd.init(comm=ranks)")
+    list; ranks outside it get an error). Calling it again is a no-op.
+    process_sets: a list of ProcessSet to register (hvd.add_process_set for
+    each, in order); "dynamic" or None: none yet."""
     from .. import comm as hcomm
     if hcomm.is_initialized():
         if comm is None:
+            _add_sets(process_sets)
             return
         shutdown()
     hcomm.init(_as_mpi_comm(comm))
     _handles.clear()
+    _sets.setup_after_init()
+    _add_sets(process_sets)
+
+
+def _add_sets(process_sets):
+    if process_sets is None or process_sets == "dynamic":
+        return
+    for ps in process_sets:
+        if ps.process_set_id is None:
+            _sets.add_process_set(ps)
 
 
 def _as_mpi_comm(comm_or_ranks):
@@ -49,6 +59,8 @@ def _as_mpi_comm(comm_or_ranks):
 def shutdown():
     """Collective: frees hpcdl's communicators; pending handles are forgotten."""
     _handles.clear()
+    if comm.is_initialized():
+        _sets.clear()
     comm.shutdown()
 
 

@@ -10,12 +10,19 @@ start(kind, ...) is the one place that starts an all-gather, broadcast or
 reduce-scatter without waiting: it uses Communicator.<kind>_async (the
 engine thread), or, on a Communicator without one, runs the blocking call
 and hands back a finished handle.
+
+Names: as in Horovod, a name may be in flight only once per communicator
+(process set) at a time; claim(name) refuses a second one at once with
+Horovod's message, before anything is queued. Errors that come out of
+synchronize are HorovodInternalError (exceptions.py), as in Horovod.
 """
 import itertools
 
 from .. import comm
+from .exceptions import as_internal
 
 _pending = {}                 # int handle -> _Pending
+_in_flight = set()            # (id of the Communicator, name) of every _Pending
 _next_id = itertools.count(1)
 
 
@@ -33,8 +40,10 @@ class Done:
 
 
 class _Pending:
-    def __init__(self, handles, finish, name):
+    def __init__(self, handles, finish, name, key, check):
         self.handles, self.finish, self.name = handles, finish, name
+        self.key = key        # (id(communicator), name): the name is in flight there
+        self.check = check    # None, or a callable that raises when ranks disagreed
 
 
 def world():
@@ -44,21 +53,41 @@ def world():
     return comm.world()
 
 
-def register(handles, finish, name):
-    """A new integer handle for comm handles in flight plus their finish()."""
+def claim(name, on, kind):
+    """Raises ValueError (Horovod's words) when name is already in flight on
+    Communicator `on`: call before queuing anything."""
+    if (id(on), name) in _in_flight:
+        raise ValueError("Requested to %s a tensor with the same name as another tensor that "
+                         "is currently being processed. If you want to request another "
+                         "tensor, use a different tensor name. (name %r; synchronize the "
+                         "first handle before reusing it)" % (kind, name))
+
+
+def register(handles, finish, name, on=None, check=None):
+    """A new integer handle for comm handles in flight plus their finish();
+    on: the Communicator they run on (default the world); check: called
+    before a failure is reported, to raise a better error (shape mismatch)."""
     h = next(_next_id)
-    _pending[h] = _Pending(list(handles), finish, name)
+    key = (id(on if on is not None else world()), name)
+    _pending[h] = _Pending(list(handles), finish, name, key, check)
+    _in_flight.add(key)
     return h
 
 
-def combine(handles, name):
+def combine(handles, name, on=None):
     """One integer handle for several: its result is the list of theirs, in
     order (the grouped_* calls). The parts are spent."""
     parts = [_get(h) for h in handles]
     for h in handles:
-        del _pending[h]
+        _in_flight.discard(_pending.pop(h).key)
     comm_handles = [c for p in parts for c in p.handles]
-    return register(comm_handles, lambda: [p.finish() for p in parts], name)
+    checks = [p.check for p in parts if p.check is not None]
+
+    def check():
+        for c in checks:
+            c()
+    return register(comm_handles, lambda: [p.finish() for p in parts], name, on,
+                    check if checks else None)
 
 
 def poll(handle):
@@ -70,19 +99,29 @@ def synchronize(handle):
     """Waits for handle's operation and returns its result; the handle is then spent."""
     p = _get(handle)
     del _pending[handle]
+    _in_flight.discard(p.key)
     error = None
     for h in p.handles:  # wait for all, even after an error: they use our buffers
         try:
             h.wait()
         except Exception as e:  # noqa: BLE001 - re-raised below
             error = error or e
+    try:
+        if p.check is not None:
+            p.check()  # ranks disagreed on shapes: say so (on every rank alike)
+    except Exception as e:  # noqa: BLE001 - the clearer error wins
+        error = e
     if error is not None:
-        raise error
+        wrapped = as_internal(error)
+        if wrapped is error:
+            raise error
+        raise wrapped from error
     return p.finish()
 
 
 def clear():
     _pending.clear()
+    _in_flight.clear()
 
 
 def _get(handle):
@@ -93,10 +132,11 @@ def _get(handle):
                          "hpcdl.torch *_async call" % (handle,)) from None
 
 
-def start(kind, *args, **kwargs):
-    """Starts world().<kind>(*args, **kwargs) without waiting where hpcdl.comm can;
-    kind is 'allgather', 'broadcast' or 'reduce_scatter'."""
-    w = world()
+def start(kind, *args, on=None, **kwargs):
+    """Starts on.<kind>(*args, **kwargs) (on: a Communicator, default the
+    world) without waiting where hpcdl.comm can; kind is 'allgather',
+    'broadcast' or 'reduce_scatter'."""
+    w = on if on is not None else world()
     async_call = getattr(w, kind + "_async", None)
     if async_call is not None:
         return async_call(*args, **kwargs)

@@ -18,6 +18,8 @@ import torch
 
 from . import _handles
 from ._basics import comm_op, handle_average_backwards_compatibility
+from ._shapes import start_check
+from .process_sets import comm_of, global_process_set
 from ._wire import (deliver, from_wire, is_direct, owned_wire, scale_, to_wire, wire_dtype,
                     wire_shape)
 from .compression import Compression, compress
@@ -30,10 +32,12 @@ def auto_name(name, kind):
 
 
 # ------------------------------------------------------------------ starts
-def _start(tensor, inplace, name, op, prescale, postscale):
-    """Queues one all-reduce; the handle's result is the output tensor
-    (tensor itself when inplace)."""
+def _start(tensor, inplace, name, op, prescale, postscale, process_set=None):
+    """Queues one all-reduce (after its shape descriptor); the handle's
+    result is the output tensor (tensor itself when inplace)."""
     code = comm_op(op)
+    on = comm_of(process_set, "allreduce")
+    _handles.claim(name, on, "allreduce")
     t = tensor.detach()  # same memory; the in-place work is not an autograd op
     if is_direct(t) and (inplace or prescale == 1.0):
         send = t                            # the core uses tensor's own memory
@@ -46,27 +50,30 @@ def _start(tensor, inplace, name, op, prescale, postscale):
         recv = t
     else:
         recv = torch.empty_like(t, memory_format=torch.contiguous_format)
-    h = _handles.world().allreduce_async(send, None if recv is send else recv,
-                                         op=code, name=name)
+    shape_h, check = start_check(on, [t], "allreduce", name)
+    h = on.allreduce_async(send, None if recv is send else recv, op=code, name=name)
 
     def finish():
         scale_(recv, postscale)
         return deliver(tensor, t, recv, inplace)
-    return _handles.register([h], finish, name)
+    return _handles.register([shape_h, h], finish, name, on, check)
 
 
-def _start_grouped(tensors, inplace, name, op, prescale, postscale):
+def _start_grouped(tensors, inplace, name, op, prescale, postscale, process_set=None):
     """Queues one all-reduce per wire dtype over the concatenated tensors."""
     code = comm_op(op)
+    on = comm_of(process_set, "grouped_allreduce")
+    _handles.claim(name, on, "allreduce")
+    shape_h, check = start_check(on, [t.detach() for t in tensors], "allreduce", name)
     groups = {}  # wire dtype -> positions, in first-seen order (the same on every rank)
     for i, t in enumerate(tensors):
         groups.setdefault(wire_dtype(t.dtype), []).append(i)
-    handles, plans = [], []
+    handles, plans = [shape_h], []
     for dtype, idx in groups.items():
         flat = torch.cat([to_wire(tensors[i].detach()).reshape(-1) for i in idx])
         scale_(flat, prescale)
         label = "%s.%s" % (name, str(dtype).replace("torch.", ""))
-        handles.append(_handles.world().allreduce_async(flat, op=code, name=label))
+        handles.append(on.allreduce_async(flat, op=code, name=label))
         plans.append((idx, flat))
 
     def finish():
@@ -85,7 +92,7 @@ def _start_grouped(tensors, inplace, name, op, prescale, postscale):
                 else:
                     outs[i] = piece
         return outs
-    return _handles.register(handles, finish, name)
+    return _handles.register(handles, finish, name, on, check)
 
 
 # ---------------------------------------------------------------- autograd
@@ -93,84 +100,89 @@ class _Allreduce(torch.autograd.Function):
     """y = op over ranks of x (scaled); dy is all-reduced the same way (Horovod)."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale, postscale):
-        ctx.args = (op, prescale, postscale)
-        return _handles.synchronize(_start(tensor, False, name, op, prescale, postscale))
+    def forward(ctx, tensor, name, op, prescale, postscale, process_set):
+        ctx.args = (op, prescale, postscale, process_set)
+        return _handles.synchronize(_start(tensor, False, name, op, prescale, postscale,
+                                           process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        op, pre, post = ctx.args
-        return (allreduce(grad, op=op, prescale_factor=pre, postscale_factor=post),
-                None, None, None, None)
+        op, pre, post, process_set = ctx.args
+        return (allreduce(grad, op=op, prescale_factor=pre, postscale_factor=post,
+                          process_set=process_set), None, None, None, None, None)
 
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale, postscale, *tensors):
-        ctx.args = (op, prescale, postscale)
+    def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
+        ctx.args = (op, prescale, postscale, process_set)
         return tuple(_handles.synchronize(
-            _start_grouped(tensors, False, name, op, prescale, postscale)))
+            _start_grouped(tensors, False, name, op, prescale, postscale, process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
-        op, pre, post = ctx.args
+        op, pre, post, process_set = ctx.args
         reduced = grouped_allreduce(list(grads), op=op, prescale_factor=pre,
-                                    postscale_factor=post)
-        return (None, None, None, None, *reduced)
+                                    postscale_factor=post, process_set=process_set)
+        return (None, None, None, None, None, *reduced)
 
 
 # ------------------------------------------------------------------ public
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0):
+                    postscale_factor=1.0, process_set=global_process_set):
     """Starts an all-reduce into a new tensor; returns a handle for poll/synchronize."""
     op = handle_average_backwards_compatibility(op, average)
     return _start(tensor, False, auto_name(name, "allreduce"), op, prescale_factor,
-                  postscale_factor)
+                  postscale_factor, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0):
+                     postscale_factor=1.0, process_set=global_process_set):
     """Starts an in-place all-reduce of tensor; returns a handle."""
     op = handle_average_backwards_compatibility(op, average)
     return _start(tensor, True, auto_name(name, "allreduce"), op, prescale_factor,
-                  postscale_factor)
+                  postscale_factor, process_set)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0):
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """A new tensor: op over ranks of tensor (default Average). Differentiable."""
     op = handle_average_backwards_compatibility(op, average)
     sent, ctx = compress(compression, tensor, name)
     out = _Allreduce.apply(sent, auto_name(name, "allreduce"), op, prescale_factor,
-                           postscale_factor)
+                           postscale_factor, process_set)
     return compression.decompress(out, ctx)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0):
+               postscale_factor=1.0, process_set=global_process_set):
     """All-reduces tensor in place and returns it."""
     return _handles.synchronize(allreduce_async_(tensor, average, name, op,
-                                                 prescale_factor, postscale_factor))
+                                                 prescale_factor, postscale_factor,
+                                                 process_set))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None,
-                            prescale_factor=1.0, postscale_factor=1.0):
+                            prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set):
     """Starts one fused all-reduce of a list; synchronize returns a list of new tensors."""
     op = handle_average_backwards_compatibility(op, average)
     return _start_grouped(list(tensors), False, auto_name(name, "grouped_allreduce"), op,
-                          prescale_factor, postscale_factor)
+                          prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
-                             prescale_factor=1.0, postscale_factor=1.0):
+                             prescale_factor=1.0, postscale_factor=1.0,
+                             process_set=global_process_set):
     """Starts one fused in-place all-reduce of a list of tensors."""
     op = handle_average_backwards_compatibility(op, average)
     return _start_grouped(list(tensors), True, auto_name(name, "grouped_allreduce"), op,
-                          prescale_factor, postscale_factor)
+                          prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none,
-                      op=None, prescale_factor=1.0, postscale_factor=1.0):
+                      op=None, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set):
     """A list of new tensors, each reduced like allreduce, in one fused operation."""
     op = handle_average_backwards_compatibility(op, average)
     tensors = list(tensors)
@@ -179,13 +191,14 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     base = auto_name(name, "grouped_allreduce")
     packed = [compress(compression, t, None if name is None else "%s.%d" % (name, i))
               for i, t in enumerate(tensors)]
-    outs = _GroupedAllreduce.apply(base, op, prescale_factor, postscale_factor,
+    outs = _GroupedAllreduce.apply(base, op, prescale_factor, postscale_factor, process_set,
                                    *[p[0] for p in packed])
     return [compression.decompress(o, p[1]) for o, p in zip(outs, packed)]
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0):
+                       postscale_factor=1.0, process_set=global_process_set):
     """All-reduces every tensor of the list in place; returns the list."""
     return _handles.synchronize(grouped_allreduce_async_(tensors, average, name, op,
-                                                         prescale_factor, postscale_factor))
+                                                         prescale_factor, postscale_factor,
+                                                         process_set))

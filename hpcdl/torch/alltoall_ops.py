@@ -20,6 +20,7 @@ from . import _handles
 from ._shapes import check_rows_agree, gather_shapes
 from ._wire import from_wire, to_wire
 from .allreduce_ops import auto_name
+from .process_sets import comm_of, global_process_set
 
 
 def _send_splits(splits, rows, size):
@@ -36,11 +37,12 @@ def _send_splits(splits, rows, size):
     return out
 
 
-def _start_alltoall(tensor, splits, name):
+def _start_alltoall(tensor, splits, name, process_set=None):
     """Handle whose result is (output, received_splits)."""
-    w = _handles.world()
+    w = comm_of(process_set, "alltoall")
+    _handles.claim(name, w, "alltoall")
     t = tensor.detach()
-    shapes = gather_shapes(t, "alltoall")
+    shapes = gather_shapes(t, "alltoall", w)
     if not shapes[0]:
         raise ValueError("alltoall: tensors need at least one dimension")
     check_rows_agree(shapes, "alltoall")
@@ -60,31 +62,33 @@ def _start_alltoall(tensor, splits, name):
     out = out.to(t.device)
     like = splits if isinstance(splits, torch.Tensor) else torch.empty(0, dtype=torch.int32)
     received = torch.tensor(received, dtype=like.dtype, device=like.device)
-    return _handles.register([_handles.Done()], lambda: (out, received), name)
+    return _handles.register([_handles.Done()], lambda: (out, received), name, w)
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        out, received = _handles.synchronize(_start_alltoall(tensor, splits, name))
-        ctx.received = received
+    def forward(ctx, tensor, splits, name, process_set):
+        out, received = _handles.synchronize(_start_alltoall(tensor, splits, name,
+                                                             process_set))
+        ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return out, received
 
     @staticmethod
     def backward(ctx, grad, _received_grad):
         back, _ = _handles.synchronize(_start_alltoall(grad.contiguous(), ctx.received,
-                                                       auto_name(None, "alltoall.grad")))
-        return back, None, None
+                                                       auto_name(None, "alltoall.grad"),
+                                                       ctx.process_set))
+        return back, None, None, None
 
 
-def alltoall_async(tensor, splits=None, name=None):
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an all-to-all; synchronize returns (output, received_splits)."""
-    return _start_alltoall(tensor, splits, auto_name(name, "alltoall"))
+    return _start_alltoall(tensor, splits, auto_name(name, "alltoall"), process_set)
 
 
-def alltoall(tensor, splits=None, name=None):
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """The rows every rank sent to this one, in rank order; with splits given,
     also received_splits (rows from each rank). Differentiable."""
-    out, received = _Alltoall.apply(tensor, splits, auto_name(name, "alltoall"))
+    out, received = _Alltoall.apply(tensor, splits, auto_name(name, "alltoall"), process_set)
     return out if splits is None else (out, received)

@@ -21,6 +21,7 @@ from ._handles import synchronize
 from ._wire import from_wire, to_wire, wire_dtype, wire_shape
 from .gather_ops import allgather, broadcast_, broadcast_async_
 from .mpi_ops import rank
+from .process_sets import global_process_set
 
 BUCKET_BYTES = 64 << 20
 
@@ -31,7 +32,7 @@ except ImportError:
 
 
 # -------------------------------------------------------------- parameters
-def broadcast_parameters(params, root_rank):
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Overwrites every rank's tensors with root_rank's. params: a state_dict
     (or any name -> tensor dict; sorted by name) or a list of tensors or of
     (name, tensor) pairs such as model.named_parameters()."""
@@ -45,7 +46,7 @@ def broadcast_parameters(params, root_rank):
             raise TypeError("broadcast_parameters: %r is a %s, not a tensor"
                             % (name, type(p).__name__))
         tensors.append(p.data)
-    broadcast_tensors_(tensors, root_rank)
+    broadcast_tensors_(tensors, root_rank, process_set=process_set)
 
 
 def _buckets(tensors):
@@ -63,12 +64,15 @@ def _buckets(tensors):
     return [b[0] for b in buckets]
 
 
-def broadcast_tensors_(tensors, root_rank, name="broadcast_parameters"):
-    """In-place broadcast of a list of tensors (the same list on every rank)."""
+def broadcast_tensors_(tensors, root_rank, name="broadcast_parameters",
+                       process_set=global_process_set):
+    """In-place broadcast of a list of tensors (the same list on every rank
+    of process_set; root_rank a global rank)."""
     pending = []
     for i, group in enumerate(_buckets(tensors)):
         flat = torch.cat([to_wire(t.detach()).reshape(-1) for t in group])
-        pending.append((group, flat, broadcast_async_(flat, root_rank, "%s.%d" % (name, i))))
+        pending.append((group, flat, broadcast_async_(flat, root_rank, "%s.%d" % (name, i),
+                                                      process_set=process_set)))
     for group, flat, handle in pending:
         synchronize(handle)
         if rank() == root_rank:
@@ -111,19 +115,20 @@ def _put_tensors(obj, tensors):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank):
+def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
     """Gives every rank root_rank's optimizer state: per-parameter state
     (momentum buffers, Adam moments, step) and param_groups options (lr,
     momentum, betas, ...). Every rank's optimizer must have the same
     parameter groups; state tensors land on each parameter's device."""
     tensors = []
     skeleton = _take_tensors(optimizer.state_dict(), tensors) if rank() == root_rank else None
-    skeleton = broadcast_object(skeleton, root_rank, name="optimizer_state.structure")
+    skeleton = broadcast_object(skeleton, root_rank, name="optimizer_state.structure",
+                                process_set=process_set)
     if rank() != root_rank:
         slots = []
         _collect_slots(skeleton, slots)
         tensors = [torch.empty(s.shape, dtype=s.dtype) for s in sorted(slots, key=_index)]
-    broadcast_tensors_(tensors, root_rank, name="optimizer_state")
+    broadcast_tensors_(tensors, root_rank, name="optimizer_state", process_set=process_set)
     if rank() != root_rank:
         optimizer.load_state_dict(_put_tensors(skeleton, tensors))
 
@@ -164,12 +169,12 @@ def _dumps(obj):
         return b"", e
 
 
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """root_rank's obj, on every rank (pickled, then broadcast)."""
     name = name or type(obj).__name__
     payload, err = _dumps(obj) if rank() == root_rank else (b"", None)
     nbytes = torch.tensor([-1 if err else len(payload)], dtype=torch.int64)
-    broadcast_(nbytes, root_rank, name + ".size")
+    broadcast_(nbytes, root_rank, name + ".size", process_set=process_set)
     if err is not None:
         raise err
     if nbytes.item() < 0:
@@ -177,22 +182,22 @@ def broadcast_object(obj, root_rank=0, name=None):
                            "(see its error)" % root_rank)
     words = _to_words(payload) if rank() == root_rank else \
         torch.empty(-(-nbytes.item() // 8), dtype=torch.int64)
-    broadcast_(words, root_rank, name + ".data")
+    broadcast_(words, root_rank, name + ".data", process_set=process_set)
     return obj if rank() == root_rank else pickle.loads(_from_words(words, nbytes.item()))
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, name=None, process_set=global_process_set):
     """[obj of rank 0, obj of rank 1, ...] on every rank."""
     name = name or type(obj).__name__
     payload, err = _dumps(obj)
     sizes = allgather(torch.tensor([-1 if err else len(payload)], dtype=torch.int64),
-                      name=name + ".size").tolist()
+                      name=name + ".size", process_set=process_set).tolist()
     if err is not None:
         raise err
     if min(sizes) < 0:
         raise RuntimeError("allgather_object: rank(s) %s could not pickle their object"
                            % [r for r, s in enumerate(sizes) if s < 0])
-    words = allgather(_to_words(payload), name=name + ".data")
+    words = allgather(_to_words(payload), name=name + ".data", process_set=process_set)
     out, offset = [], 0
     for n in sizes:
         w = -(-n // 8)

@@ -12,50 +12,63 @@ Gradients follow Horovod (>= 0.22), which treats the loss as the average of
 the ranks' losses for allgather and broadcast: the gradient of allgather is
 this rank's rows of the Average-all-reduced gradient; of broadcast, the
 Average-all-reduced gradient on root_rank and zeros elsewhere; of
-reducescatter, the all-gathered gradient (divided by the size for Average,
-times the scale factors).
+reducescatter, the all-gathered gradient times the scale factors, and times
+the set's size for Sum (Horovod's rule: the gradient of the average of the
+ranks' losses).
+
+Every call takes process_set= (process_sets.py): it runs on that set's
+Communicator; root_rank stays a global rank, as in Horovod. All-reduce-like
+calls (broadcast, reducescatter) check that shapes agree (_shapes.start_check).
 """
 import math
 
 import torch
 
 from . import _handles
-from ._basics import Average, comm_op, rank, size
-from ._shapes import check_rows_agree, gather_shapes
+from ._basics import Average, Sum, comm_op
+from ._shapes import check_rows_agree, gather_shapes, start_check
 from ._wire import deliver, from_wire, is_direct, owned_wire, scale_, to_wire, wire_shape
 from .allreduce_ops import allreduce, auto_name, grouped_allreduce
 from .compression import Compression, compress
+from .process_sets import comm_of, global_process_set, set_root
 
 
 # ------------------------------------------------------------------ starts
-def _start_allgather(tensor, name):
+def _start_allgather(tensor, name, process_set=None):
     """(handle, offset of this rank's rows in the result)."""
+    on = comm_of(process_set, "allgather")
+    _handles.claim(name, on, "allgather")
     t = tensor.detach()
     t = t.reshape(1) if t.dim() == 0 else t
-    shapes = gather_shapes(t, "allgather")
+    shapes = gather_shapes(t, "allgather", on)
     check_rows_agree(shapes, "allgather")
     send = to_wire(t).contiguous()
     row = math.prod(wire_shape(t)[1:])
     out = torch.empty((sum(s[0] for s in shapes),) + tuple(send.shape[1:]),
                       dtype=send.dtype, device=send.device)
     h = _handles.start("allgather", send, out, counts=[s[0] * row for s in shapes],
-                       name=name)
-    offset = sum(s[0] for s in shapes[:_handles.world().rank])
-    return _handles.register([h], lambda: from_wire(out, t.dtype), name), offset
+                       name=name, on=on)
+    offset = sum(s[0] for s in shapes[:on.rank])
+    return _handles.register([h], lambda: from_wire(out, t.dtype), name, on), offset
 
 
-def _start_broadcast(tensor, root_rank, inplace, name):
+def _start_broadcast(tensor, root_rank, inplace, name, process_set=None):
+    on = comm_of(process_set, "broadcast")
+    root = set_root(process_set, root_rank, "broadcast")
+    _handles.claim(name, on, "broadcast")
     t = tensor.detach()
     buf = t if (inplace and is_direct(t)) else owned_wire(t)
-    h = _handles.start("broadcast", buf, root=int(root_rank), name=name)
+    shape_h, check = start_check(on, [t], "broadcast", name)
+    h = _handles.start("broadcast", buf, root=root, name=name, on=on)
+    return _handles.register([shape_h, h], lambda: deliver(tensor, t, buf, inplace), name,
+                             on, check)
 
-    return _handles.register([h], lambda: deliver(tensor, t, buf, inplace), name)
 
-
-def _start_reducescatter(tensor, name, op, prescale, postscale):
-    code, w = comm_op(op), _handles.world()
-    t = tensor.detach()
-    t = t.reshape(1) if t.dim() == 0 else t
+def _start_reducescatter(tensor, name, op, prescale, postscale, process_set=None):
+    code, w = comm_op(op), comm_of(process_set, "reducescatter")
+    _handles.claim(name, w, "reducescatter")
+    t0 = tensor.detach()
+    t = t0.reshape(1) if t0.dim() == 0 else t0
     q, extra = divmod(t.shape[0], w.size)
     rows = [q + (1 if r < extra else 0) for r in range(w.size)]
     send = t if (is_direct(t) and prescale == 1.0) else owned_wire(t)
@@ -64,137 +77,157 @@ def _start_reducescatter(tensor, name, op, prescale, postscale):
     row = math.prod(wire_shape(t)[1:])
     out = torch.empty((rows[w.rank],) + tuple(send.shape[1:]), dtype=send.dtype,
                       device=send.device)
+    shape_h, check_shapes = start_check(w, [t0], "reducescatter", name)
     h = _handles.start("reduce_scatter", send, out, counts=[n * row for n in rows],
-                       op=code, name=name)
+                       op=code, name=name, on=w)
+
+    def check():  # a scalar runs as one row, so that no rank waits, then fails everywhere
+        check_shapes()
+        if t0.dim() == 0:
+            raise ValueError("reducescatter: the tensor needs at least one dimension (a "
+                             "scalar cannot be scattered over ranks)")
 
     def finish():
         scale_(out, postscale)
         return from_wire(out, t.dtype)
-    return _handles.register([h], finish, name)
+    return _handles.register([shape_h, h], finish, name, w, check)
 
 
 # ---------------------------------------------------------------- autograd
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
-        ctx.shape = tensor.shape
-        handle, ctx.offset = _start_allgather(tensor, name)
+    def forward(ctx, tensor, name, process_set):
+        ctx.shape, ctx.process_set = tensor.shape, process_set
+        handle, ctx.offset = _start_allgather(tensor, name, process_set)
         return _handles.synchronize(handle)
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = allreduce(grad, op=Average)
+        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
         rows = ctx.shape[0] if len(ctx.shape) else 1
-        return reduced.narrow(0, ctx.offset, rows).reshape(ctx.shape), None
+        return reduced.narrow(0, ctx.offset, rows).reshape(ctx.shape), None, None
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank = root_rank
-        return _handles.synchronize(_start_broadcast(tensor, root_rank, False, name))
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return _handles.synchronize(_start_broadcast(tensor, root_rank, False, name,
+                                                     process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = allreduce(grad, op=Average)
-        if rank() != ctx.root_rank:
+        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
+        if _handles.world().rank != ctx.root_rank:
             reduced = torch.zeros_like(reduced)
-        return reduced, None, None
+        return reduced, None, None, None
+
+
+def _scatter_grad_scale(op, pre, post, on):
+    """Horovod's factor on reducescatter's gradient: Sum -> times the set size."""
+    return pre * post * (on.size if op == Sum else 1)
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale, postscale):
-        ctx.shape, ctx.args = tensor.shape, (op, prescale, postscale)
+    def forward(ctx, tensor, name, op, prescale, postscale, process_set):
+        ctx.shape, ctx.args = tensor.shape, (op, prescale, postscale, process_set)
         return _handles.synchronize(_start_reducescatter(tensor, name, op, prescale,
-                                                         postscale))
+                                                         postscale, process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        op, pre, post = ctx.args
-        gathered = allgather(grad.contiguous())
-        scale = pre * post / (size() if op == Average else 1)
-        return (gathered * scale).reshape(ctx.shape), None, None, None, None
+        op, pre, post, process_set = ctx.args
+        gathered = allgather(grad.contiguous(), process_set=process_set)
+        scale = _scatter_grad_scale(op, pre, post, comm_of(process_set))
+        return (gathered * scale).reshape(ctx.shape), None, None, None, None, None
 
 
 # ------------------------------------------------------------------ public
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts an all-gather along dim 0; returns a handle."""
-    return _start_allgather(tensor, auto_name(name, "allgather"))[0]
+    return _start_allgather(tensor, auto_name(name, "allgather"), process_set)[0]
 
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's tensor concatenated along dim 0, in rank order. Ranks may
     differ in dim 0 only. Differentiable."""
-    return _Allgather.apply(tensor, auto_name(name, "allgather"))
+    return _Allgather.apply(tensor, auto_name(name, "allgather"), process_set)
 
 
-def broadcast_async(tensor, root_rank, name=None):
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts a broadcast of root_rank's tensor into a new tensor; returns a handle."""
-    return _start_broadcast(tensor, root_rank, False, auto_name(name, "broadcast"))
+    return _start_broadcast(tensor, root_rank, False, auto_name(name, "broadcast"),
+                            process_set)
 
 
-def broadcast_async_(tensor, root_rank, name=None):
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts an in-place broadcast of root_rank's tensor; returns a handle."""
-    return _start_broadcast(tensor, root_rank, True, auto_name(name, "broadcast"))
+    return _start_broadcast(tensor, root_rank, True, auto_name(name, "broadcast"),
+                            process_set)
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """A new tensor holding root_rank's tensor. Differentiable."""
-    return _Broadcast.apply(tensor, root_rank, auto_name(name, "broadcast"))
+    return _Broadcast.apply(tensor, root_rank, auto_name(name, "broadcast"), process_set)
 
 
-def broadcast_(tensor, root_rank, name=None):
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrites tensor with root_rank's and returns it."""
-    return _handles.synchronize(broadcast_async_(tensor, root_rank, name))
+    return _handles.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
-def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0,
-                        postscale_factor=1.0):
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reduce-scatter along dim 0; returns a handle."""
     return _start_reducescatter(tensor, auto_name(name, "reducescatter"), op,
-                                prescale_factor, postscale_factor)
+                                prescale_factor, postscale_factor, process_set)
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
-                  prescale_factor=1.0, postscale_factor=1.0):
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """This rank's rows of (op over ranks of tensor). Every rank passes the same
     shape. Differentiable."""
     sent, ctx = compress(compression, tensor, name)
     out = _Reducescatter.apply(sent, auto_name(name, "reducescatter"), op,
-                               prescale_factor, postscale_factor)
+                               prescale_factor, postscale_factor, process_set)
     return compression.decompress(out, ctx)
 
 
 # ------------------------------------------------------------------ grouped
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, *tensors):
-        starts = [_start_allgather(t, "%s.%d" % (name, i)) for i, t in enumerate(tensors)]
+    def forward(ctx, name, process_set, *tensors):
+        on = comm_of(process_set, "grouped_allgather")
+        starts = [_start_allgather(t, "%s.%d" % (name, i), process_set)
+                  for i, t in enumerate(tensors)]
         ctx.shapes, ctx.offsets = [t.shape for t in tensors], [o for _, o in starts]
-        return tuple(_handles.synchronize(_handles.combine([h for h, _ in starts], name)))
+        ctx.process_set = process_set
+        return tuple(_handles.synchronize(_handles.combine([h for h, _ in starts], name, on)))
 
     @staticmethod
     def backward(ctx, *grads):
-        reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average)
-        return (None, *[r.narrow(0, off, shape[0] if len(shape) else 1).reshape(shape)
-                        for r, off, shape in zip(reduced, ctx.offsets, ctx.shapes)])
+        reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average,
+                                    process_set=ctx.process_set)
+        return (None, None, *[r.narrow(0, off, shape[0] if len(shape) else 1).reshape(shape)
+                              for r, off, shape in zip(reduced, ctx.offsets, ctx.shapes)])
 
 
 class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale, postscale, *tensors):
-        ctx.shapes, ctx.args = [t.shape for t in tensors], (op, prescale, postscale)
+    def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
+        ctx.shapes = [t.shape for t in tensors]
+        ctx.args = (op, prescale, postscale, process_set)
         return tuple(_handles.synchronize(grouped_reducescatter_async(
-            list(tensors), name, op, prescale, postscale)))
+            list(tensors), name, op, process_set, prescale, postscale)))
 
     @staticmethod
     def backward(ctx, *grads):
-        op, pre, post = ctx.args
-        scale = pre * post / (size() if op == Average else 1)
-        gathered = _handles.synchronize(grouped_allgather_async([g.contiguous()
-                                                                 for g in grads]))
-        return (None, None, None, None,
+        op, pre, post, process_set = ctx.args
+        scale = _scatter_grad_scale(op, pre, post, comm_of(process_set))
+        gathered = _handles.synchronize(grouped_allgather_async(
+            [g.contiguous() for g in grads], process_set=process_set))
+        return (None, None, None, None, None,
                 *[(g * scale).reshape(shape) for g, shape in zip(gathered, ctx.shapes)])
 
 
@@ -205,36 +238,43 @@ def _group(tensors, name, kind):
     return list(tensors), auto_name(name, kind)
 
 
-def grouped_allgather_async(tensors, name=None):
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Starts an all-gather of each tensor, all queued at once; the handle's
     result is the list of gathered tensors."""
     tensors, name = _group(tensors, name, "grouped_allgather")
-    starts = [_start_allgather(t, "%s.%d" % (name, i))[0] for i, t in enumerate(tensors)]
-    return _handles.combine(starts, name)
+    on = comm_of(process_set, "grouped_allgather")
+    _handles.claim(name, on, "allgather")
+    starts = [_start_allgather(t, "%s.%d" % (name, i), process_set)[0]
+              for i, t in enumerate(tensors)]
+    return _handles.combine(starts, name, on)
 
 
-def grouped_allgather(tensors, name=None):
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """[allgather(t) for t in tensors], all queued at once. Differentiable."""
     tensors, name = _group(tensors, name, "grouped_allgather")
-    return list(_GroupedAllgather.apply(name, *tensors))
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
-def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=1.0,
-                                postscale_factor=1.0):
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reduce-scatter of each tensor, all queued at once; the
     handle's result is the list of this rank's pieces."""
     tensors, name = _group(tensors, name, "grouped_reducescatter")
+    on = comm_of(process_set, "grouped_reducescatter")
+    _handles.claim(name, on, "reducescatter")
     starts = [_start_reducescatter(t, "%s.%d" % (name, i), op, prescale_factor,
-                                   postscale_factor) for i, t in enumerate(tensors)]
-    return _handles.combine(starts, name)
+                                   postscale_factor, process_set)
+              for i, t in enumerate(tensors)]
+    return _handles.combine(starts, name, on)
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
-                          prescale_factor=1.0, postscale_factor=1.0):
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
     """[reducescatter(t, ...) for t in tensors] with the same arguments, all
     queued at once. Differentiable."""
     tensors, name = _group(tensors, name, "grouped_reducescatter")
     sent = [compress(compression, t, "%s.%d" % (name, i)) for i, t in enumerate(tensors)]
     outs = _GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor,
-                                       *[t for t, _ in sent])
+                                       process_set, *[t for t, _ in sent])
     return [compression.decompress(o, c) for o, (_, c) in zip(outs, sent)]

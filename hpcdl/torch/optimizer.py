@@ -34,13 +34,13 @@ def fusion_threshold():
     return int(os.environ.get("HPCDL_FUSION_THRESHOLD", str(25 << 20)))
 
 
-def _bucket_buffer(numel, dtype, device):
+def _bucket_buffer(numel, dtype, device, on):
     """A bucket's flat buffer. On the CPU, in the node's shared memory when
     the node has several ranks (HPCDL_SHARED_BUCKETS=0 turns this off): the
     engine then all-reduces it in place without staging copies (src_c/shared.c).
     Collective over each node: every rank builds the same buckets in order."""
     if device.type == "cpu" and numel > 0 and os.environ.get("HPCDL_SHARED_BUCKETS", "1") != "0":
-        view = comm.world().shared_buffer(numel * torch.empty((), dtype=dtype).element_size())
+        view = on.shared_buffer(numel * torch.empty((), dtype=dtype).element_size())
         if view is not None:
             return torch.frombuffer(view, dtype=dtype, count=numel)
     return torch.zeros(numel, dtype=dtype, device=device)
@@ -49,11 +49,11 @@ def _bucket_buffer(numel, dtype, device):
 class _Bucket:
     """Parameters fused into one flat buffer and one all-reduce."""
 
-    def __init__(self, index, params, names):
+    def __init__(self, index, params, names, on):
         self.index, self.params, self.names = index, params, names
         dtype, device = params[0].dtype, params[0].device
         self.numel = sum(p.numel() for p in params)
-        self.buffer = _bucket_buffer(self.numel, dtype, device)
+        self.buffer = _bucket_buffer(self.numel, dtype, device, on)
         self.views, offset = [], 0
         for p in params:
             self.views.append(self.buffer[offset:offset + p.numel()].view_as(p))
@@ -68,13 +68,30 @@ class _Bucket:
 class DistributedOptimizer(OptimizerWrapper):
     """Wraps an optimizer so that step() applies gradients averaged over all
     ranks. A plain wrapper: param_groups and state are the wrapped optimizer's
-    own objects, so LR schedulers and checkpoints see one optimizer."""
+    own objects, so LR schedulers and checkpoints see one optimizer.
+
+    process_set: gradients are averaged over that set's ranks only; on a rank
+    outside it the optimizer steps on its own gradients (as Horovod's).
+    Sparse gradients (nn.Embedding(sparse=True)) travel dense in the buckets
+    and are handed back to the wrapped optimizer sparse, whether or not
+    sparse_as_dense is set (the same numbers as Horovod's all-gather of
+    indices and values); they are recognised when .grad is None before
+    backward (zero_grad()'s default)."""
 
     def __init__(self, optimizer, named_parameters=None, compression=None,
                  backward_passes_per_step=1, op="average", gradient_predivide_factor=1.0,
-                 groups=None):
+                 num_groups=0, groups=None, sparse_as_dense=False, process_set=None):
         from .compression import Compression
         from ._basics import comm_op
+        from .process_sets import global_process_set
+        if num_groups and groups is None:
+            warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
+                          "removed in v0.23.0.", DeprecationWarning)
+            groups = int(num_groups)
+        self.process_set = process_set if process_set is not None else global_process_set
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self._sparse = set()  # parameters whose gradients came sparse
+        self._comm = _member_comm(self.process_set)  # None outside the set
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         super().__init__(optimizer, params)
         self._compression = compression if compression is not None else Compression.none
@@ -86,9 +103,14 @@ class DistributedOptimizer(OptimizerWrapper):
         if self._predivide != 1.0 and self._op != "average":
             raise ValueError("gradient_predivide_factor needs op=Average")
         self._names = _param_names(params, named_parameters)
+        self._parameter_names = self._names  # Horovod's name for {param: name}
+        if self._comm is None:  # outside the process set: a plain optimizer
+            params = []
         plan = _plan_buckets(params, groups)
-        _check_same_plan(plan)
-        self._buckets = [_Bucket(i, g, [self._names[p] for p in g]) for i, g in enumerate(plan)]
+        if self._comm is not None:
+            _check_same_plan(plan, self._comm)
+        self._buckets = [_Bucket(i, g, [self._names[p] for p in g], self._comm)
+                         for i, g in enumerate(plan)]
         self._bucket_of = {p: (b, i) for b in self._buckets for i, p in enumerate(b.params)}
         self._passes = {p: 0 for p in params}
         self._next_submit = 0
@@ -106,7 +128,11 @@ class DistributedOptimizer(OptimizerWrapper):
             self._t_backward = comm.wtime()
         b, i = self._bucket_of[p]
         if p.grad is not b.views[i]:  # first pass since zero_grad(): into the bucket
-            b.views[i].copy_(p.grad)
+            if p.grad.is_sparse:
+                self._sparse.add(p)
+                b.views[i].copy_(p.grad.to_dense())
+            else:
+                b.views[i].copy_(p.grad)
             p.grad = b.views[i]
         self._passes[p] += 1
         if self._passes[p] > self._passes_per_step:
@@ -144,7 +170,7 @@ class DistributedOptimizer(OptimizerWrapper):
         if self._predivide != 1.0:
             t.mul_(1.0 / self._predivide)
         b.sent, b.ctx = compress(self._compression, t, "bucket.%d" % b.index)
-        b.handle = comm.allreduce_async(b.sent, op=self._op, name="bucket.%d" % b.index)
+        b.handle = self._comm.allreduce_async(b.sent, op=self._op, name="bucket.%d" % b.index)
         b.t_submitted = comm.wtime()
 
     # ------------------------------------------------------------- step side
@@ -177,7 +203,10 @@ class DistributedOptimizer(OptimizerWrapper):
             b.handle = b.sent = b.ctx = None
             b.ready = 0
         if tl is not None:
-            tl.add_engine_records(comm.world().timeline())
+            tl.add_engine_records(self._comm.timeline())
+        for p in self._sparse:  # back to sparse for optimizers that need it (SparseAdam)
+            b, i = self._bucket_of[p]
+            p.grad = b.views[i].to_sparse()
         for p in self._passes:
             self._passes[p] = 0
         self._next_submit = 0
@@ -202,8 +231,12 @@ class DistributedOptimizer(OptimizerWrapper):
                                    "would not be averaged over ranks")
         else:
             if self._synchronized and self._next_submit == 0:
-                warnings.warn("step() after synchronize() outside skip_synchronize(): "
-                              "wrap step() in `with optimizer.skip_synchronize():`")
+                warnings.warn("optimizer.step() called without "
+                              "optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
         return self._opt.step(closure)
@@ -220,6 +253,8 @@ class DistributedOptimizer(OptimizerWrapper):
                 "synchronize(): the gradients' all-reduce is in flight (or about to be) "
                 "and zeroing them now would lose this step. Call zero_grad() before "
                 "backward(), or after step().")
+        if self._comm is None:  # outside the process set: a plain optimizer
+            return self._opt.zero_grad(set_to_none=set_to_none)
         for b in self._buckets:
             if not set_to_none:
                 b.buffer.zero_()
@@ -285,12 +320,20 @@ def _plan_buckets(params, groups):
     return plan
 
 
-def _check_same_plan(plan):
-    """Collective: every rank must build the same buckets (they are allocated
-    together in node shared memory and all-reduced pairwise); otherwise a
-    ValueError on every rank that says how they differ."""
+def _member_comm(process_set):
+    """The Communicator of process_set on this rank; None outside it."""
+    from .process_sets import comm_of
+    if process_set.process_set_id not in (0, None) and not process_set.included():
+        return None
+    return comm_of(process_set, "DistributedOptimizer")
+
+
+def _check_same_plan(plan, on):
+    """Collective over on: every rank must build the same buckets (they are
+    allocated together in node shared memory and all-reduced pairwise);
+    otherwise a ValueError on every rank that says how they differ."""
     mine = [(sum(p.numel() for p in g), str(g[0].dtype)) for g in plan]
-    every = comm.allgather_object(mine)
+    every = on.allgather_object(mine)
     if any(b != every[0] for b in every):
         ranks = ", ".join("rank %d: %d buckets, %d elements" % (r, len(b), sum(n for n, _ in b))
                           for r, b in enumerate(every[:8]))

@@ -3,9 +3,11 @@ hpcdl.torch's collectives against one process that holds every rank's
 input and computes the same function with plain torch.
 
 Rank r's loss is sum(w_r * y_r) with rank-dependent weights w_r. Horovod's
-conventions, which hpcdl follows: allreduce, reducescatter and alltoall
-differentiate the sum of the ranks' losses; allgather and broadcast the
-average of them (Horovod >= 0.22 all-reduces their gradient with Average).
+conventions, which hpcdl follows: allreduce and alltoall differentiate the
+sum of the ranks' losses; allgather and broadcast the average of them
+(Horovod >= 0.22 all-reduces their gradient with Average); reducescatter N
+times their sum (Horovod all-gathers the gradient and scales it by the set
+size for Sum, not at all for Average: horovod/torch/mpi_ops.py).
 Prints 'CHECKS n FAILED k'."""
 import torch
 
@@ -21,7 +23,7 @@ def weights(k, shape):
     return values(k + 5, shape) * 0.5 + 1.0
 
 
-def compare(what, shapes, dist_fn, ref_fn, mean_loss=False):
+def compare(what, shapes, dist_fn, ref_fn, mean_loss=False, times=1):
     """dist_fn(x) -> y on this rank; ref_fn(xs) -> [y_k for every rank k]."""
     xs = inputs(shapes)
     x = xs[R].clone().requires_grad_()
@@ -31,7 +33,7 @@ def compare(what, shapes, dist_fn, ref_fn, mean_loss=False):
     ys = ref_fn(ref)
     close(y.detach(), ys[R].detach(), what + " forward")
     loss = sum((weights(k, yk.shape) * yk).sum() for k, yk in enumerate(ys))
-    (loss / N if mean_loss else loss).backward()
+    (times * (loss / N if mean_loss else loss)).backward()
     want = ref[R].grad if ref[R].grad is not None else torch.zeros_like(ref[R])
     close(x.grad, want, what + " gradient")
 
@@ -82,7 +84,7 @@ def reducescatter_grads():
             return list(torch.split(full, cuts))
         compare("reducescatter %s" % ("Sum" if op == hvd.Sum else "Average"), [(rows, 3)] * N,
                 lambda x, op=op: hvd.reducescatter(x, op=op, prescale_factor=0.5,
-                                                   postscale_factor=2.0), ref)
+                                                   postscale_factor=2.0), ref, times=N)
 
         def grouped(x, op=op):  # the same rows twice: as they are and tripled
             a, b = hvd.grouped_reducescatter([x, 3.0 * x], op=op, prescale_factor=0.5,
@@ -92,7 +94,7 @@ def reducescatter_grads():
         def grouped_ref(xs, ref=ref):
             return [torch.cat([a, 3.0 * a]) for a in ref(xs)]
         compare("grouped_reducescatter %s" % ("Sum" if op == hvd.Sum else "Average"),
-                [(rows, 3)] * N, grouped, grouped_ref)
+                [(rows, 3)] * N, grouped, grouped_ref, times=N)
 
 
 def alltoall_grads():
