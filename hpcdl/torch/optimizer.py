@@ -39,7 +39,10 @@ def _bucket_buffer(numel, dtype, device, on):
     the node has several ranks (HPCDL_SHARED_BUCKETS=0 turns this off): the
     engine then all-reduces it in place without staging copies (src_c/shared.c).
     Collective over each node: every rank builds the same buckets in order."""
-    if device.type == "cpu" and numel > 0 and os.environ.get("HPCDL_SHARED_BUCKETS", "1") != "0":
+    # on: the world's Communicator; None (a process set's) keeps plain buffers, since
+    # a node-shared window lives until exit and would outlive the set's communicator
+    if (on is not None and device.type == "cpu" and numel > 0
+            and os.environ.get("HPCDL_SHARED_BUCKETS", "1") != "0"):
         view = on.shared_buffer(numel * torch.empty((), dtype=dtype).element_size())
         if view is not None:
             return torch.frombuffer(view, dtype=dtype, count=numel)
@@ -109,7 +112,8 @@ class DistributedOptimizer(OptimizerWrapper):
         plan = _plan_buckets(params, groups)
         if self._comm is not None:
             _check_same_plan(plan, self._comm)
-        self._buckets = [_Bucket(i, g, [self._names[p] for p in g], self._comm)
+        shared_on = self._comm if self.process_set.process_set_id == 0 else None
+        self._buckets = [_Bucket(i, g, [self._names[p] for p in g], shared_on)
                          for i, g in enumerate(plan)]
         self._bucket_of = {p: (b, i) for b in self._buckets for i, p in enumerate(b.params)}
         self._passes = {p: 0 for p in params}
