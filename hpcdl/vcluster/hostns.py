@@ -17,13 +17,33 @@ class HostError(Exception):
     """A host cannot be started or entered (one line)."""
 
 
+def shared_under_tmp():
+    """Folders under /tmp that every host must still see: hpcdl's own
+    checkout and the Python it runs in (a clone or venv made in /tmp, as a
+    CI job may do). On a real cluster they would sit on the shared file
+    system; everything else under /tmp stays private to each host."""
+    import sys
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = []
+    for path in (here, os.path.realpath(sys.prefix)):
+        parts = os.path.realpath(path).split(os.sep)
+        if len(parts) > 2 and parts[1] == "tmp":
+            top = os.sep.join(parts[:3])  # /tmp/NAME: the whole clone
+            if top not in out:
+                out.append(top)
+    return out
+
+
 def holder_script(host, hosts_file, tmp_dir, ready_file):
     """The holder's shell: mounts, then a ready mark, then sleep (same pid).
-    /tmp is mounted last: the state folder stays reachable until then."""
+    /tmp is mounted last: the state folder stays reachable until then; the
+    shared folders under /tmp are bound into the private one first."""
+    keep = "".join("mkdir -p {t}{r}; mount --bind {d} {t}{r}; ".format(t=tmp_dir, d=d, r=d[4:])
+                   for d in shared_under_tmp())
     return ("set -e; hostname {h}; mount --bind {hf} /etc/hosts; "
-            "mount -t tmpfs -o mode=1777 tmpfs /dev/shm; mount --bind {t} /tmp; "
+            "mount -t tmpfs -o mode=1777 tmpfs /dev/shm; {k}mount --rbind {t} /tmp; "
             ": > {r}; exec sleep infinity").format(h=host, hf=hosts_file, t=tmp_dir,
-                                                  r=ready_file)
+                                                  k=keep, r=ready_file)
 
 
 def start_holder(host, hosts_file, tmp_dir, ready_file, log_file):
