@@ -88,7 +88,7 @@ int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
         mm[i] = sig[i];
         mm[nsig + i] = -sig[i];
     }
-    if (t->polite) { // the engine: other ranks may arrive much later
+    if (t->polite || t->crowded) { // the engine (peers may arrive much later), or crowded
         MPI_Request rq;
         MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, mm, 2 * nsig, MPI_INT64_T, MPI_MAX, t->world,
                                  &rq));

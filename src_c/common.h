@@ -49,6 +49,7 @@ typedef struct {
     hpcdl_shm *shm;     // node shared-memory segment; NULL when local_size == 1
     size_t chunk_bytes; // ring pipelining chunk
     int polite;         // 1: waits test-and-sleep instead of spinning (engine thread)
+    int crowded;        // 1: more ranks on this host than cores (waits yield the core)
     const int *urgent;  // polite teams: > 0 while a caller thread blocks in hpcdl_wait
     double t_agreed;    // MPI_Wtime when the last collective's agreement check ended
     void *scratch;      // shared.c's piece buffer, allocated on first use
@@ -58,8 +59,10 @@ typedef struct {
 // waiting for a slower rank must not take the core from this rank's own
 // compute (backward) running beside it. While the caller's thread is blocked
 // on the engine (hpcdl_team_urgent), its core is free and sleeping would only
-// add latency, so the wait spins (yielding now and then). Returns an MPI error
-// code.
+// add latency, so the wait spins (yielding now and then). A crowded team (more
+// ranks on the host than cores, HPCDL_WAIT=yield) tests and yields instead of
+// MPI_Wait: MPICH's MPI_Wait spins without yielding, so a waiting rank would hold
+// the core its peer needs to send. Returns an MPI error code.
 int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req);
 
 static inline int hpcdl_team_urgent(const hpcdl_team *t) {

@@ -85,7 +85,7 @@ int hpcdl_mpi_allreduce_pieces(hpcdl_team *t, const void *send, void *recv, size
         int n = (int)(count - base < piece ? count - base : piece);
         char *r = (char *)recv + base * esz;
         const void *s = send == recv ? MPI_IN_PLACE : (const char *)send + base * esz;
-        if (t->polite) {
+        if (t->polite || t->crowded) { // see hpcdl_team_wait
             MPI_Request rq;
             MPI_CHECK(MPI_Iallreduce(s, r, n, hpcdl_mpi_dtype(dtype), mop, t->world, &rq));
             MPI_CHECK(hpcdl_team_wait(t, &rq));

@@ -8,11 +8,29 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include "common.h"
 #include "shm.h"
 
 // ----------------------------------------------------------------------------
 // creating and freeing
+
+// Collective over comm. 1 when this host runs more of comm's ranks than it has
+// online cores, or HPCDL_WAIT=yield; HPCDL_WAIT=spin forces 0. Host = shared
+// memory, whatever virtual nodes HPCDL_LOCAL_SIZE makes.
+static int host_crowded(MPI_Comm comm, int *crowded) {
+    const char *w = getenv("HPCDL_WAIT");
+    MPI_Comm host;
+    int n;
+    MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host));
+    MPI_CHECK(MPI_Comm_size(host, &n));
+    MPI_CHECK(MPI_Comm_free(&host));
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    *crowded = cores > 0 && n > cores;
+    if (w && !strcmp(w, "yield")) *crowded = 1;
+    if (w && !strcmp(w, "spin")) *crowded = 0;
+    return HPCDL_OK;
+}
 
 // Collective over comm. local_size > 0 makes virtual nodes of that many ranks.
 // Preconditions across ranks: the same local_size (it must divide the size).
@@ -23,6 +41,7 @@ int hpcdl_team_create(hpcdl_team *t, MPI_Comm comm, int local_size) {
     MPI_CHECK(MPI_Comm_set_errhandler(t->world, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(t->world, &t->rank));
     MPI_CHECK(MPI_Comm_size(t->world, &t->size));
+    HPCDL_TRY(host_crowded(t->world, &t->crowded));
     if (local_size > 0) {
         if (t->size % local_size != 0)
             return hpcdl_fail(HPCDL_ERR_ARG,
@@ -64,12 +83,16 @@ int hpcdl_team_free(hpcdl_team *t) {
 
 // Local call. Returns an MPI error code, for MPI_CHECK.
 int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req) {
-    if (!t->polite) return MPI_Wait(req, MPI_STATUS_IGNORE);
+    if (!t->polite && !t->crowded) return MPI_Wait(req, MPI_STATUS_IGNORE);
     long sleep_ns = 2000;
     for (unsigned spins = 0;; spins++) {
         int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS || done) return rc;
         if (spins < 64) continue; // a message due any moment: keep testing
+        if (!t->polite) { // crowded: the peer we wait for may need this core
+            sched_yield();
+            continue;
+        }
         if (hpcdl_team_urgent(t)) { // the caller waits for us: its core is ours
             if ((spins & 63) == 0) sched_yield(); // still let other work on it run
             sleep_ns = 2000;
