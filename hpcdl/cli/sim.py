@@ -1,16 +1,18 @@
 """sim.py - `hpcdl sim scaling`: predicted step time, throughput and scaling
 efficiency of data-parallel training for each all-reduce algorithm, from
 the alpha-beta model (hpcdl/sim/). Runs in one process; no MPI needed.
+`hpcdl sim step`, `profile` and `records` live in sim_terms.py.
 
     hpcdl sim scaling --model resnet50 --gpus 8,64,512,2048 --alpha 5us --beta 12.5GB/s \\
         --step-compute-ms 100 --overlap 0.5 --plot scaling.png
 """
 from .main import UsageError
+from .sim_common import add_network_flags, network_values, parse_gpus
 
 
 def register(subparsers):
     p = subparsers.add_parser(
-        "sim", help="cost-model simulations (scaling)",
+        "sim", help="cost-model simulations (scaling, step, profile, records)",
         description="Simulations from the alpha-beta cost model of each collective "
                     "(docs/sim.md). Measure alpha and beta with 'hpcdl bench calibrate'.",
         epilog="example: hpcdl sim scaling --model resnet50 --gpus 8,64,512 --alpha 5us "
@@ -18,6 +20,8 @@ def register(subparsers):
     sub = p.add_subparsers(dest="simulation", metavar="SIMULATION")
     p.set_defaults(func=lambda args: p.print_help() or 2)
     _register_scaling(sub)
+    from . import sim_terms
+    sim_terms.register(sub)
 
 
 def _register_scaling(sub):
@@ -36,19 +40,7 @@ def _register_scaling(sub):
                    help="resnet50, resnet18, mlp, or a parameter count (25.6M, 1.5B, "
                         "1e8); default resnet50")
     p.add_argument("--gpus", default="8,64,512,2048", help="GPU counts (default 8,64,512,2048)")
-    p.add_argument("--alpha", default=None, help="latency between nodes (e.g. 5us)")
-    p.add_argument("--beta", default=None,
-                   help="time per byte between nodes (e.g. 0.08ns) or bandwidth (12.5GB/s)")
-    p.add_argument("--alpha-intra", default=None, help="latency inside a node "
-                   "(default: as --alpha)")
-    p.add_argument("--beta-intra", default=None, help="time per byte or bandwidth inside a "
-                   "node (default: as --beta)")
-    p.add_argument("--gamma", default=None, help="reduction time per byte (default: the "
-                   "calibration's with --calibration, else 0)")
-    p.add_argument("--calibration", default=None, metavar="FILE",
-                   help="take alpha, beta (and the -intra values) from 'hpcdl bench "
-                        "calibrate --json FILE'; explicit flags win")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="default 8")
+    add_network_flags(p)
     p.add_argument("--step-compute-ms", type=float, required=True,
                    help="forward + backward time of one step on one GPU, in ms (measure "
                         "it: it depends on the GPU, model and batch)")
@@ -64,41 +56,6 @@ def _register_scaling(sub):
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="efficiency and throughput against GPU count")
     p.set_defaults(func=run_scaling)
-
-
-def parse_gpus(text):
-    """'8,64,512' -> [8, 64, 512] (positivity is checked with the other inputs)."""
-    try:
-        return [int(g) for g in str(text).split(",") if g.strip()]
-    except ValueError:
-        raise UsageError("bad --gpus %r: give comma-separated whole numbers, e.g. 8,64,512"
-                         % text)
-
-
-def network_values(args):
-    """(alpha, beta, alpha_intra, beta_intra, gamma) in seconds (per byte) from
-    the flags and --calibration; a flag wins over the file."""
-    from ..sim.units import parse_beta, parse_time
-    cal = {}
-    if args.calibration:
-        from ..sim.calibrate import load_calibration
-        try:
-            cal = load_calibration(args.calibration)
-        except ValueError as e:
-            raise UsageError("--calibration: %s" % e)
-    flags = [("alpha", parse_time), ("beta", parse_beta), ("alpha_intra", parse_time),
-             ("beta_intra", parse_beta), ("gamma", parse_beta)]
-    out = []
-    for name, parse in flags:
-        text = getattr(args, name)
-        out.append(parse(text, "--" + name.replace("_", "-")) if text is not None
-                   else cal.get(name))
-    if out[0] is None or out[1] is None:
-        raise UsageError("give --alpha and --beta (the latency and time per byte between "
-                         "nodes, e.g. --alpha 5us --beta 12.5GB/s) or --calibration FILE "
-                         "from 'hpcdl bench calibrate --json FILE'")
-    out[4] = out[4] or 0.0
-    return out
 
 
 def run_scaling(args):

@@ -7,15 +7,22 @@ the machine at hand. Pure Python; MPI only for calibration.
     work = sim.Workload(params=sim.MODELS["resnet50"], compute_s=0.1, overlap=0.5)
     rows = sim.scaling_table([8, 64, 512], work, sim.Network(alpha=5e-6, beta=1e-10))
 
-Command line: `hpcdl sim scaling` and `hpcdl bench calibrate`; formulas and
-their limits in docs/sim.md.
+The step model term by term (buckets, shared links, compression, stragglers,
+overheads) is terms.py; profiles of real models profile.py; published runs
+records.py (records.json).
+
+Command line: `hpcdl sim scaling|step|profile|records` and `hpcdl bench
+calibrate`; formulas and their limits in docs/sim.md.
 """
 from .cost import (FORMULAS, allgather, broadcast, hierarchical_allreduce, log2_rounds,
                    parameter_server, ring_allreduce, tree_allreduce)
 from .scaling import (ALGORITHMS, MODELS, Network, Prediction, Workload, comm_time, predict,
                       resolve_model, scaling_table)
+from .stragglers import expected_max_std_normal, slowdown
+from .terms import TERMS, Fabric, Layer, Step, breakdown, step_time
 
 __all__ = ["FORMULAS", "allgather", "broadcast", "hierarchical_allreduce", "log2_rounds",
            "parameter_server", "ring_allreduce", "tree_allreduce", "ALGORITHMS", "MODELS",
            "Network", "Prediction", "Workload", "comm_time", "predict", "resolve_model",
-           "scaling_table"]
+           "scaling_table", "expected_max_std_normal", "slowdown", "TERMS", "Fabric", "Layer",
+           "Step", "breakdown", "step_time"]

@@ -6,7 +6,8 @@ import re
 
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-_RATE_UNITS = {"b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12}
+_RATE_UNITS = {"b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12,
+               "kbit/s": 1e3 / 8, "mbit/s": 1e6 / 8, "gbit/s": 1e9 / 8, "tbit/s": 1e12 / 8}
 _COUNT_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
 
 
@@ -28,10 +29,14 @@ def parse_time(text, what="alpha"):
 
 def parse_beta(text, what="beta"):
     """Seconds per byte: '0.1ns' -> 1e-10, '1e-10' (seconds), or a bandwidth:
-    '10GB/s' -> 1e-10 (GB = 1e9 bytes). A bandwidth must be > 0."""
+    '10GB/s' -> 1e-10 (GB = 1e9 bytes), '50Gb/s' or '50Gbit/s' (bits) -> 1.6e-10.
+    A bandwidth must be > 0."""
     time = _split(text, _TIME_UNITS)
     if time is not None:
         return time[0] * time[1]
+    # network data sheets give bits: '50Gb/s' (a capital prefix, small b) and
+    # '50Gbit/s' are bits per second; 'GB/s' (and all-lowercase 'gb/s') bytes
+    text = re.sub(r"(?<=[0-9\s])([kMGT])b/s$", r"\1bit/s", str(text).strip())
     rate = _split(text, _RATE_UNITS)
     if rate is None:
         raise ValueError("bad %s %r: give a time per byte (0.1ns, 1e-10) or a bandwidth "
