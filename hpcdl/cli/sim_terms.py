@@ -30,7 +30,9 @@ def _register_step(sub):
                     "--step-compute-ms with equal synthetic layers.",
         epilog="example: hpcdl sim step --model resnet50 --gpus 8,256 --alpha 5us "
                "--beta 50Gb/s --nics-per-node 1 --step-compute-ms 200 --spread 0.02")
-    p.add_argument("--model", default="resnet50", help="model name or parameter count")
+    p.add_argument("--model", default=None,
+                   help="model name or parameter count (default: the profile's model, "
+                        "else resnet50); a profile of another model is an error")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="per-layer sizes and backward times from 'hpcdl sim profile'")
     p.add_argument("--gpus", default="8,64,256", help="GPU counts (default 8,64,256)")
@@ -154,9 +156,9 @@ def step_inputs(args):
     --calibration; UsageError naming the bad input."""
     from ..sim import profile, scaling, terms
     from ..sim.units import parse_beta
-    name, params = scaling.resolve_model(args.model)
     if args.profile:
         doc = profile.load(args.profile, model=args.model)
+        name = doc["model"]
         layers, fwd = profile.layers_of(doc), doc["forward_s"]
         spread, opt_s = doc["spread"], doc.get("optimizer_s", 0.0)
         source = "profile %s" % args.profile
@@ -167,6 +169,7 @@ def step_inputs(args):
         if not (args.step_compute_ms > 0 and 0 < args.backward_share <= 1 and args.layers > 0):
             raise UsageError("--step-compute-ms must be > 0, --backward-share in (0, 1] and "
                              "--layers > 0")
+        name, params = scaling.resolve_model(args.model or "resnet50")
         bwd = args.step_compute_ms / 1e3 * args.backward_share
         layers = terms.synthetic_layers(4 * params, bwd, args.layers)
         fwd, spread, opt_s = args.step_compute_ms / 1e3 - bwd, 0.0, 0.0
