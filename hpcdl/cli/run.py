@@ -22,6 +22,7 @@ from ..utils.launch import (MPI_ENV_VARS, allocation_tasks,  # noqa: F401 (re-ex
 from ..utils.mpi_info import core_launcher, launcher_flavour, launcher_mismatch
 from ..utils.rankenv import torchrun_env
 from ..vcluster.agent import launch_hosts_problem, ranks_by_host
+from . import elastic_run
 from .main import UsageError
 
 
@@ -87,6 +88,33 @@ def parse_hosts(hosts):
     if problem:
         raise UsageError(problem)
     return out
+
+
+def read_hostfile(path):
+    """'host slots=N' or 'host:N' lines (# comments) -> the -H string."""
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        raise UsageError("--hostfile %s: %s" % (path, e.strerror))
+    hosts = []
+    for number, line in enumerate(lines, 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        name, slots = words[0], "1"
+        if ":" in name:
+            name, slots = name.split(":", 1)
+        for w in words[1:]:
+            key, _, value = w.partition("=")
+            if key not in ("slots", "max_slots") or not value:
+                raise UsageError("--hostfile %s line %d: %r; write 'host slots=N' or "
+                                 "'host:N'" % (path, number, line))
+            if key == "slots":
+                slots = value
+        hosts.append("%s:%s" % (name, slots))
+    if not hosts:
+        raise UsageError("--hostfile %s names no host" % path)
+    return ",".join(hosts)
 
 
 def mpirun_command(n, cmd, hosts=None, launcher=None, mpi_args=None, export=()):
@@ -236,6 +264,9 @@ def add_launch_args(parser, ranks_help=None):
                         help=ranks_help or "ranks to start through mpirun (ignored inside "
                                            "an MPI or Slurm job, which gives the ranks)")
     parser.add_argument("-H", "--hosts", default=None, help="host:slots,... for -n")
+    parser.add_argument("--hostfile", default=None, metavar="FILE",
+                        help="hosts from a file, one 'host slots=N' (or 'host:N') a line, "
+                             "as horovodrun's --hostfile")
     parser.add_argument("--mpi-args", default=None, metavar="'OPTS'",
                         help="more options for mpirun (or srun), one quoted string, e.g. "
                              "--mpi-args='--map-by socket' (Horovod's --mpi-args)")
@@ -246,7 +277,51 @@ def add_launch_args(parser, ranks_help=None):
 
 def launch_options(args):
     """launch()'s keyword arguments from the options add_launch_args added."""
-    return dict(hosts=args.hosts, mpi_args=args.mpi_args, export=args.export)
+    hosts = args.hosts
+    if args.hostfile:
+        if hosts:
+            raise UsageError("give -H or --hostfile, not both")
+        hosts = read_hostfile(args.hostfile)
+    return dict(hosts=hosts, mpi_args=args.mpi_args, export=args.export)
+
+
+def add_elastic_args(parser):
+    """horovodrun's elastic and start-up flags (cli/elastic_run.py)."""
+    g = parser.add_argument_group("elastic (restart-based; see docs/horovod.md)")
+    g.add_argument("--min-np", type=int, default=None,
+                   help="fewest ranks to restart with after a failure")
+    g.add_argument("--max-np", type=int, default=None, help="most ranks to run")
+    g.add_argument("--max-restarts", "--reset-limit", type=int, default=None,
+                   help="restarts after a failure (default 3 with --min-np/--max-np, else 0)")
+    g.add_argument("--start-timeout", type=float, default=30, metavar="SECONDS",
+                   help="a host that cannot start a rank within this is left out of a "
+                        "restart (default 30)")
+    g.add_argument("--verbose", action="store_true",
+                   help="say more: the host probes, and HPCDL_LOG_LEVEL=INFO on the ranks")
+
+
+def run_command(args):
+    """`hpcdl run`: plain, or elastic when any elastic flag is given."""
+    options = launch_options(args)
+    if args.verbose:
+        options["export"] = list(options["export"]) + ["HPCDL_LOG_LEVEL=INFO"]
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise UsageError("--max-restarts must be 0 or more (got %d)" % args.max_restarts)
+    if args.max_restarts is None:
+        args.max_restarts = 3 if (args.min_np or args.max_np) else 0
+    if not elastic_run.wants_elastic(args):
+        return launch(args.n, args.cmd, **options)
+    hosts, export = options.pop("hosts"), options.pop("export")
+
+    def start(n, hosts_arg, env):
+        return launch(n, args.cmd, hosts=hosts_arg, export=env, **options)
+
+    def probe_line(host):
+        return mpirun_command(1, ["true"], "%s:1" % host)
+    return elastic_run.launch_elastic(
+        start, probe_line, args.n, parse_hosts(hosts) if hosts else None,
+        min_np=args.min_np, max_np=args.max_np, max_restarts=args.max_restarts,
+        start_timeout=args.start_timeout, verbose=args.verbose, export=export)
 
 
 def register(sub):
@@ -266,9 +341,12 @@ def register(sub):
         epilog="examples:\n  hpcdl run -n 4 -- python -c \"from hpcdl import comm; "
                "comm.init(); print(comm.rank(), comm.size())\"\n"
                "  hpcdl run -np 4 -x OMP_NUM_THREADS=1 --mpi-args='--map-by core' -- "
-               "python train.py",
+               "python train.py\n"
+               "  hpcdl run -np 4 --min-np 2 --max-np 4 -H node1:2,node2:2 -- python "
+               "elastic_train.py",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_launch_args(p, ranks_help="number of ranks (default: every task of the Slurm "
                                   "allocation inside one, else 1)")
+    add_elastic_args(p)
     p.add_argument("cmd", nargs="+", metavar="CMD", help="the command (after --)")
-    p.set_defaults(func=lambda a: launch(a.n, a.cmd, **launch_options(a)))
+    p.set_defaults(func=run_command)
