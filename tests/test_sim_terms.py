@@ -223,3 +223,16 @@ def test_sim_step_bad_input(args, words):
     r = hpcdl(*(STEP + args))
     assert r.returncode == 2 and words in r.stderr, r.stderr
     assert r.stderr.startswith("hpcdl: error:") and not r.stdout
+
+
+def test_sim_step_reads_a_calibration(tmp_path):
+    cal, out = tmp_path / "cal.json", tmp_path / "s.json"
+    cal.write_text(json.dumps({"alpha": 2e-6, "beta": 1e-10, "alpha_intra": 1e-6,
+                               "beta_intra": 1e-11, "gamma": 0.0}))
+    r = hpcdl("sim", "step", "--calibration", str(cal), "--gpus", "16",
+              "--step-compute-ms", "100", "--terms", "buckets", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    fab = terms.Fabric(2e-6, 1e-10, 1e-6, 1e-11, per_node=8)
+    step = terms.Step(terms.synthetic_layers(4 * 25_557_032, 0.1 * 2 / 3), 0.1 / 3)
+    want = terms.breakdown(16, step, fab, ["buckets"])
+    assert json.loads(out.read_text())["rows"][0]["step_s"] == pytest.approx(want.step_s)

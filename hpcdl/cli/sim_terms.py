@@ -90,6 +90,9 @@ def _register_profile(sub):
     p.add_argument("--batch", type=int, default=32, help="samples per step (default 32)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (0: torch's default); match the run you predict, "
+                        "e.g. 1 for 'hpcdl bench train -n 2' on 2 cores")
     p.add_argument("--json", default=None, metavar="FILE", help="write the profile")
     p.set_defaults(func=run_profile)
 
@@ -119,6 +122,9 @@ def run_profile(args):
     if args.batch < 1 or args.steps < 2 or args.warmup < 0:
         raise UsageError("--batch must be >= 1, --steps >= 2 (for a spread), --warmup >= 0")
     try:
+        if args.threads > 0:
+            import torch
+            torch.set_num_threads(args.threads)
         doc = profile.run(args.model, args.batch, args.steps, args.warmup,
                           parse_shape(args.input_shape), args.classes)
     except ValueError as e:

@@ -136,7 +136,10 @@ def table(rows):
     """Printed lines: one row per record, then each record's terms and why."""
     out = ["# hpcdl sim records: the step model (buckets, shared links, compression, "
            "stragglers, overheads) against published runs",
-           "# rules for every run: " + ", ".join("%s %s" % kv for kv in RULES.items()),
+           "# rules for every run: backward %.3g of the compute, %d equal layers, alpha %g us "
+           "on every link, per-rank spread %g unless the paper gives one; efficiency = step "
+           "on base GPUs / step on gpus" % (RULES["backward_share"], RULES["layers"],
+                                            RULES["alpha_s"] * 1e6, RULES["cv"]),
            "#%15s %6s %5s %10s %10s %10s %8s" % ("run", "gpus", "base", "step(ms)",
                                                  "predicted", "reported", "miss")]
     for r in rows:

@@ -12,13 +12,15 @@ def header(step, fab, enabled, source):
         % (format_time(step.forward_s), format_time(step.backward_s), step.cv,
            format_time(step.optimizer_s), format_time(step.data_s),
            format_time(step.bucket_latency_s)),
-        "#  %s all-reduce; between nodes alpha %s, beta %s, %s NIC(s) per node of %d GPUs; "
-        "inside alpha %s, beta %s" % (fab.algorithm, format_time(fab.alpha),
-                                      format_beta(fab.beta), fab.nics_per_node or "one",
-                                      fab.per_node, format_time(fab.alpha_intra),
-                                      format_beta(fab.beta_intra)),
-        "#  fusion %.3g MiB (first %.3g MiB), %d bytes per element on the wire"
-        % (step.fusion_bytes / (1 << 20), step.first_bucket_bytes / (1 << 20), step.wire_bytes),
+        "#  %s all-reduce; between nodes alpha %s, beta %s per NIC, %s; inside alpha %s, "
+        "beta %s" % (fab.algorithm, format_time(fab.alpha), format_beta(fab.beta),
+                     "one NIC per GPU" if fab.nics_per_node is None else
+                     "%d NIC(s) per node of %d GPUs" % (fab.nics_per_node, fab.per_node),
+                     format_time(fab.alpha_intra), format_beta(fab.beta_intra)),
+        "#  %s, %d bytes per element on the wire"
+        % ("one bucket per layer" if step.fusion_bytes == 0 else "fusion %.3g MiB (first "
+           "%.3g MiB)" % (step.fusion_bytes / (1 << 20), step.first_bucket_bytes / (1 << 20)),
+           step.wire_bytes),
         "#  terms on, in this order: %s; each column = step time it adds (ms), negative = "
         "hidden" % (", ".join(t for t in T.TERMS if t in enabled) or "none (course formula)"),
     ]
