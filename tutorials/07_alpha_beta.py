@@ -22,7 +22,11 @@ What the script does, rank 0 printing each step:
   3. measure them: hpcdl's ring (algorithm="ring"), a parameter server
      written here with mpi4py point-to-point, a tree (MPI_Reduce then
      MPI_Bcast), and MPI_Allreduce for reference;
-  4. print predicted against measured, and explain the differences.
+  4. print predicted against measured, and explain the differences;
+  5. from one all-reduce to a training step: the terms the course formula
+     leaves out (buckets, shared NICs, compression, stragglers, fixed
+     costs; hpcdl.sim.terms), each one's share of the efficiency lost by
+     Goyal et al.'s 256-GPU run as the model sees it (docs/sim.md).
 Times are the fastest of several iterations (a barrier before each, the
 slowest rank's time): other programs on the cores stretch some iterations,
 and the model describes the undisturbed ones.
@@ -44,6 +48,16 @@ handshake then a single copy, and one straight line cannot follow both).
 Finally, use `hpcdl sim scaling --alpha ... --beta ...` with your fitted
 values to find the GPU count at which a parameter server of ResNet-50
 gradients stops being usable.
+
+Exercise 2 (which term explains how much of the loss): step 5 prints the
+efficiency points each term costs for Goyal et al. (256 P100, one 50 Gbit/s
+NIC per 8 GPUs) with the compute spread the paper does not report set to
+0.02. Before running, rank the terms by the points you expect them to
+cost. Then change SPREAD to 0 and to 0.05, and the bucketing
+(fusion_bytes=0 is one bucket per layer) to 25 MiB: which term moves the
+efficiency most, and why does the straggler term grow with N where the
+communication terms stop growing? Compare with `hpcdl sim records`, where
+the model misses the reported 90% and says why.
 """
 import os
 import time
@@ -52,6 +66,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcdl import comm, sim
+from hpcdl.sim import records
 from hpcdl.sim.fit import fit_alpha_beta
 
 SIZES = [64 << 10, 1 << 20, 4 << 20]                 # all-reduce sizes (bytes)
@@ -225,6 +240,22 @@ if share["ring"] > 1:
     say("     context switch: the share factor covers the turns, not those waits.")
 
 # ----------------------------------------------------------------------------
+# 5. a training step, term by term: Goyal et al.'s run with the records'
+# inputs (hpcdl/sim/records.json) and a compute spread the paper does not give
+
+SPREAD = 0.02
+goyal = next(r for r in records.load() if r["id"] == "goyal2017")
+step, fabric = records.inputs(goyal)
+step.cv = SPREAD
+parts = sim.breakdown(goyal["gpus"], step, fabric, base_gpus=goyal["base_gpus"])
+say("5. Goyal et al. 2017 on %d GPUs (base %d), spread %.2f: efficiency %.1f%%, reported "
+    "%.0f%%" % (goyal["gpus"], goyal["base_gpus"], SPREAD, 100 * parts.efficiency,
+                100 * goyal["reported"]["efficiency"]))
+for term, points in parts.points.items():
+    say("   %-12s %+6.2f points  (%+.2f ms of the step)" % (term, points,
+                                                           1e3 * parts.terms[term]))
+
+# ----------------------------------------------------------------------------
 # check
 
 assert correct, "an all-reduce implementation returned a wrong sum"
@@ -232,4 +263,7 @@ assert alpha > 0 and beta > 0, (alpha, beta)
 too_fast = [(n, m) for (n, m), p in predicted.items()
             if n != "tree" and measured[n, m] < p / 3]  # tree: MPI's own algorithms
 assert not too_fast, "faster than 1/3 of the prediction: %s" % too_fast
+# the terms account for the whole step and the whole loss of efficiency
+assert abs(sum(parts.terms.values()) - parts.step_s) < 1e-9, parts
+assert abs(sum(parts.points.values()) - 100 * (1 - parts.efficiency)) < 1e-6, parts
 say("tutorial 07: all checks passed on %d ranks" % size)
