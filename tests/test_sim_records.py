@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from hpcdl.sim import compare, profile, records, terms
+from mpi_harness import run_mpi
 
 HPCDL = [sys.executable, "-m", "hpcdl"]
 
@@ -88,6 +89,19 @@ def test_profile_cli_feeds_sim_step(tiny):
     assert rows[1]["step_s"] == pytest.approx(terms.breakdown(4, step, fab).step_s)
     r = hpcdl(*base, "--model", "resnet50")
     assert r.returncode == 2 and "is for model 'tinynet:build', not 'resnet50'" in r.stderr
+
+
+@pytest.mark.mpi
+def test_profile_spread_over_ranks(tiny):
+    # under mpirun every rank profiles; the spread covers all ranks' steps
+    prof = tiny / "prof.json"
+    r = run_mpi(2, HPCDL + ["sim", "profile", "--model", "tinynet:with_shape", "--steps", "3",
+                            "--json", str(prof)], timeout=120,
+                env={"PYTHONPATH": str(tiny)})
+    assert r.returncode == 0, r.stdout
+    assert r.stdout.count("# hpcdl sim profile:") == 1          # rank 0 prints
+    doc = json.loads(prof.read_text())
+    assert doc["ranks"] == 2 and doc["spread_over"] == "6 step(s) on 2 rank(s)"
 
 
 # ----------------------------------------------------------------------------
