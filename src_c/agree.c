@@ -112,8 +112,11 @@ int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
 // valid = 0, so every other rank fails too instead of waiting for it.
 // Collective over t, in place of the check the other ranks make (same nsig).
 int hpcdl_check_invalid(const hpcdl_team *t, const char *what, int nsig) {
-    static const char *const names[] = {"valid", "x", "x", "x", "x", "x"};
-    int64_t sig[6] = {0, 0, 0, 0, 0, 0};
-    if (nsig < 1 || nsig > 6) nsig = 5;
+    static const char *const names[MAX_SIG] = {"valid", "x", "x", "x", "x", "x", "x", "x"};
+    int64_t sig[MAX_SIG] = {0};
+    if (nsig < 1 || nsig > MAX_SIG) nsig = 5;
+    // the all-reduce's length is the core's to know (it grew with the memory
+    // path): callers built against an older one must still match it
+    if (what && !strcmp(what, "allreduce")) nsig = HPCDL_ALLREDUCE_SIG;
     return hpcdl_check_agree(t, what, sig, nsig, names);
 }

@@ -69,6 +69,29 @@ static inline int hpcdl_team_urgent(const hpcdl_team *t) {
     return t->urgent && __atomic_load_n(t->urgent, __ATOMIC_RELAXED) > 0;
 }
 
+// ----------------------------------------------------------------------------
+// where an all-reduce's buffers live (cuda/cuda_where.c; cuda_support.c
+// without CUDA), resolved on the caller's thread before the agreement check,
+// which compares the path on every rank
+
+typedef struct {
+    int device;  // -1: host memory; >= 0: the GPU of both buffers (confirmed)
+    void *ready; // cudaEvent_t recorded on the producer's stream at the call
+} hpcdl_where;
+
+// Local call: *w from mem (NULL: ask CUDA). An error when the location cannot
+// be confirmed, or is a GPU in a core without CUDA.
+int hpcdl_where_resolve(const void *send, const void *recv, size_t bytes,
+                        const hpcdl_mem *mem, hpcdl_where *w);
+void hpcdl_where_release(hpcdl_where *w); // local: frees w->ready
+// The agreement check's path fields: 0 host, 1 staged, 2 GPU-direct; the stage
+// piece bytes (0 unless staged).
+int64_t hpcdl_where_path(const hpcdl_where *w);
+int64_t hpcdl_where_stage(const hpcdl_where *w);
+// Local call (cuda_support.c): why HPCDL_MPI_CUDA_AWARE=1 contradicts the
+// MPI's own answer, or NULL.
+const char *hpcdl_mpi_cuda_conflict(void);
+
 typedef struct hpcdl_engine hpcdl_engine;
 typedef struct hpcdl_stall hpcdl_stall;
 typedef struct hpcdl_shared_buf hpcdl_shared_buf;
@@ -122,6 +145,8 @@ int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
                       int nsig, const char *const *names);
 // The agreement check from a rank whose own arguments failed validation.
 int hpcdl_check_invalid(const hpcdl_team *t, const char *what, int nsig);
+// Fields of the all-reduce's signature (dispatch.c): hpcdl_report_invalid's nsig.
+#define HPCDL_ALLREDUCE_SIG 8
 
 // ----------------------------------------------------------------------------
 // the ring's pipelined step (ring.c), used by the host ring and the
@@ -180,7 +205,8 @@ int hpcdl_hier_allreduce(hpcdl_team *t, const void *send, void *recv, size_t cou
 
 int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_shared_buf *shared,
                              const void *send, void *recv, size_t count, hpcdl_dtype dtype,
-                             hpcdl_op op, hpcdl_algo algo, hpcdl_algo *used);
+                             hpcdl_op op, hpcdl_algo algo, const hpcdl_where *where,
+                             hpcdl_algo *used);
 int hpcdl_dispatch_reduce_scatter(hpcdl_ctx *ctx, hpcdl_team *t, const void *send,
                                    void *recv, const size_t *counts, hpcdl_dtype dtype,
                                    hpcdl_op op, hpcdl_algo algo);
@@ -188,19 +214,24 @@ int hpcdl_dispatch_allgatherv(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, v
                               const size_t *counts, hpcdl_dtype dtype, hpcdl_algo algo);
 int hpcdl_dispatch_broadcast(hpcdl_ctx *ctx, hpcdl_team *t, void *buf, size_t count,
                              hpcdl_dtype dtype, int root, hpcdl_algo algo);
+// context.c. Collective (with the check on): this rank failed with err before
+// the collective; its peers fail in the agreement check, it keeps its message.
+int hpcdl_fail_together(hpcdl_ctx *ctx, hpcdl_team *t, const char *what, int nsig, int err);
 // context.c. Local call: the enums in range.
 int hpcdl_check_enums(const char *what, hpcdl_dtype d, hpcdl_op op, hpcdl_algo a);
 
 #ifdef HPCDL_WITH_CUDA
-// cuda/cuda_allreduce.c. Local call: 1 if p is device (or managed) memory;
-// 0 for host memory, and when there is no GPU or CUDA driver.
+// cuda/cuda_where.c. Local call: 1 if p is device (or managed) memory;
+// 0 for host memory, when there is no GPU or CUDA driver, or the query fails.
 int hpcdl_is_device_ptr(const void *p);
-// Collective over t: the all-reduce of device buffers (GPU-direct when MPI is
-// CUDA-aware, else staged through pinned host memory). Called by the
-// dispatch after the agreement check, with algo resolved; every rank must
-// pass device memory.
-int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *recv,
-                         size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo);
+size_t hpcdl_cuda_stage_bytes(void);
+// cuda/cuda_allreduce.c. Collective over t: the all-reduce of device buffers
+// (GPU-direct when MPI is CUDA-aware, else staged through pinned host
+// memory), after where->ready. Called by the dispatch after the agreement
+// check (which compared the path), with algo resolved.
+int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_where *where,
+                         const void *send, void *recv, size_t count, hpcdl_dtype dtype,
+                         hpcdl_op op, hpcdl_algo algo);
 #endif
 
 // ----------------------------------------------------------------------------

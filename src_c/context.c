@@ -93,18 +93,40 @@ int hpcdl_shared_alloc(hpcdl_ctx *ctx, size_t bytes, void **ptr) {
     return LOCKED(ctx, hpcdl_shared_alloc_locked(ctx, bytes, ptr));
 }
 
-int hpcdl_allreduce(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
-                    hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
+// This rank's own failure (err, message set) before the collective: its
+// peers are told through the agreement check, then the rank returns its own
+// message rather than the check's.
+int hpcdl_fail_together(hpcdl_ctx *ctx, hpcdl_team *t, const char *what, int nsig, int err) {
+    char own[1024];
+    snprintf(own, sizeof own, "%s", hpcdl_last_error());
+    if (ctx->check) (void)LOCKED(ctx, hpcdl_check_invalid(t, what, nsig));
+    return hpcdl_fail(err, "%s", own);
+}
+
+int hpcdl_allreduce_mem(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
+                        hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo,
+                        const hpcdl_mem *mem) {
     HPCDL_TRY(hpcdl_check_enums("allreduce", dtype, op, algo));
     hpcdl_team *t = &ctx->main;
+    size_t bytes = count * hpcdl_dtype_size(dtype);
+    hpcdl_where where;
+    int rc = hpcdl_where_resolve(send, recv, bytes, mem, &where);
+    if (rc != HPCDL_OK) return hpcdl_fail_together(ctx, t, "allreduce", HPCDL_ALLREDUCE_SIG, rc);
     hpcdl_shared_buf *shared =
-        hpcdl_shared_for(ctx, t, send, recv, count * hpcdl_dtype_size(dtype), algo);
+        where.device < 0 ? hpcdl_shared_for(ctx, t, send, recv, bytes, algo) : NULL;
     if (shared && t->cross_size == 1) { // one node: publish, then work stealing
         uint32_t gen = hpcdl_shared_publish(shared, t->local_rank, count, dtype, op);
         return LOCKED(ctx, hpcdl_shared_steal_allreduce(t, shared, gen, count, dtype, op));
     }
-    return LOCKED(ctx, hpcdl_dispatch_allreduce(ctx, t, shared, send, recv, count, dtype,
-                                                op, algo, NULL));
+    rc = LOCKED(ctx, hpcdl_dispatch_allreduce(ctx, t, shared, send, recv, count, dtype, op,
+                                              algo, &where, NULL));
+    hpcdl_where_release(&where);
+    return rc;
+}
+
+int hpcdl_allreduce(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
+                    hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
+    return hpcdl_allreduce_mem(ctx, send, recv, count, dtype, op, algo, NULL);
 }
 
 int hpcdl_reduce_scatter(hpcdl_ctx *ctx, const void *send, void *recv,

@@ -56,13 +56,16 @@ hpcdl_algo hpcdl_choose_algo(const hpcdl_ctx *ctx, size_t bytes) {
 // the algorithm that really ran.
 int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_shared_buf *shared,
                              const void *send, void *recv, size_t count, hpcdl_dtype dtype,
-                             hpcdl_op op, hpcdl_algo algo, hpcdl_algo *used) {
+                             hpcdl_op op, hpcdl_algo algo, const hpcdl_where *where,
+                             hpcdl_algo *used) {
     size_t bytes = count * hpcdl_dtype_size(dtype);
-    if (ctx->check) {
-        static const char *const names[] = {"valid", "count", "dtype", "op", "algorithm",
-                                            "shared buffer (-1: none)"};
-        int64_t sig[] = {1, (int64_t)count, dtype, op, algo, hpcdl_shared_id(shared)};
-        HPCDL_TRY(hpcdl_check_agree(t, "allreduce", sig, 6, names));
+    if (ctx->check) { // the memory path too: device and host paths send other messages
+        static const char *const names[] = {
+            "valid", "count", "dtype", "op", "algorithm", "shared buffer (-1: none)",
+            "memory path (0 host, 1 GPU staged, 2 GPU-direct)", "HPCDL_CUDA_STAGE_BYTES"};
+        int64_t sig[] = {1, (int64_t)count, dtype, op, algo, hpcdl_shared_id(shared),
+                         hpcdl_where_path(where), hpcdl_where_stage(where)};
+        HPCDL_TRY(hpcdl_check_agree(t, "allreduce", sig, HPCDL_ALLREDUCE_SIG, names));
     }
     t->t_agreed = MPI_Wtime();
     if (shared) {
@@ -75,8 +78,8 @@ int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_shared_b
     if (used) *used = algo;
 #ifdef HPCDL_WITH_CUDA
     // device memory takes the CUDA path (cuda/): GPU-direct or pinned staging
-    if (hpcdl_is_device_ptr(recv) || (send != recv && hpcdl_is_device_ptr(send)))
-        return hpcdl_cuda_allreduce(ctx, t, send, recv, count, dtype, op, algo);
+    if (where->device >= 0)
+        return hpcdl_cuda_allreduce(ctx, t, where, send, recv, count, dtype, op, algo);
 #endif
     switch (algo) {
     case HPCDL_ALGO_MPI: return hpcdl_mpi_allreduce(t, send, recv, count, dtype, op);

@@ -41,6 +41,8 @@ typedef struct work {
     hpcdl_op op;
     hpcdl_algo algo;
     int valid;            // 0: this rank's buffer failed validation
+    int own_rc;           // !valid: this rank's own error (message in err), or 0
+    hpcdl_where where;    // all-reduce: host or GPU, and the producer's ready event
     hpcdl_shared_buf *shared; // all-reduce of a node shared buffer (shared.c)
     uint32_t gen;         // its generation, published at submission (one node)
     char name[64];
@@ -72,7 +74,9 @@ struct hpcdl_engine {
 // running one item (engine thread, or caller's thread when not threaded)
 
 // fields of each kind's agreement-check signature (dispatch.c)
-static int sig_fields(work_kind k) { return k == W_ALLGATHERV ? 4 : k == W_ALLREDUCE ? 6 : 5; }
+static int sig_fields(work_kind k) {
+    return k == W_ALLGATHERV ? 4 : k == W_ALLREDUCE ? HPCDL_ALLREDUCE_SIG : 5;
+}
 
 static int dispatch(hpcdl_ctx *ctx, work *w, hpcdl_algo *used) {
     hpcdl_team *t = &ctx->eng;
@@ -86,7 +90,7 @@ static int dispatch(hpcdl_ctx *ctx, work *w, hpcdl_algo *used) {
                                                 w->op);
         }
         return hpcdl_dispatch_allreduce(ctx, t, w->shared, w->send, w->recv, w->count,
-                                        w->dtype, w->op, w->algo, used);
+                                        w->dtype, w->op, w->algo, &w->where, used);
     case W_REDUCE_SCATTER:
         return hpcdl_dispatch_reduce_scatter(ctx, t, w->send, w->recv, w->counts, w->dtype,
                                              w->op, w->algo);
@@ -108,7 +112,9 @@ static void run_work(hpcdl_ctx *ctx, work *w) {
     if (!ctx->thread_multiple) pthread_mutex_unlock(&ctx->mpi_lock);
     w->t_end = MPI_Wtime();
     w->used_algo = used;
-    if (w->status != HPCDL_OK) snprintf(w->err, sizeof w->err, "%s", hpcdl_last_error());
+    hpcdl_where_release(&w->where);
+    if (w->own_rc) w->status = w->own_rc; // its own message is in err already
+    else if (w->status != HPCDL_OK) snprintf(w->err, sizeof w->err, "%s", hpcdl_last_error());
 }
 
 static void record(hpcdl_engine *e, const work *w) {
@@ -180,6 +186,7 @@ static void *engine_main(void *arg) {
 }
 
 static void free_work(work *w) {
+    hpcdl_where_release(&w->where);
     free(w->counts);
     free(w);
 }
@@ -274,6 +281,7 @@ static work *new_work(work_kind kind, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo
     w->op = op;
     w->algo = algo;
     w->valid = 1;
+    w->where.device = -1;
     snprintf(w->name, sizeof w->name, "%s", name ? name : kind_names[kind]);
     return w;
 }
@@ -283,18 +291,33 @@ static work *new_work(work_kind kind, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo
     work *w = new_work(kind, d, o, a, name);                                   \
     if (!w) return hpcdl_fail(HPCDL_ERR_NOMEM, "%s: out of memory", what)
 
-int hpcdl_allreduce_async(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
-                          hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo, const char *name,
-                          hpcdl_handle *out) {
+int hpcdl_allreduce_mem_async(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
+                              hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo,
+                              const hpcdl_mem *mem, const char *name, hpcdl_handle *out) {
     NEW_WORK_OR_FAIL(w, W_ALLREDUCE, "allreduce_async", dtype, op, algo, name);
     w->send = send;
     w->recv = recv;
     w->count = count;
     hpcdl_team *t = &ctx->eng;
-    w->shared = hpcdl_shared_for(ctx, t, send, recv, count * hpcdl_dtype_size(dtype), algo);
+    size_t bytes = count * hpcdl_dtype_size(dtype);
+    // on the caller's thread: the ready event must be recorded now, on the
+    // stream that produced send, not when the engine gets to it
+    w->own_rc = hpcdl_where_resolve(send, recv, bytes, mem, &w->where);
+    if (w->own_rc != HPCDL_OK) { // peers fail in the agreement check, we with our reason
+        w->valid = 0;
+        snprintf(w->err, sizeof w->err, "%s", hpcdl_last_error());
+        return submit(ctx, w, out);
+    }
+    if (w->where.device < 0) w->shared = hpcdl_shared_for(ctx, t, send, recv, bytes, algo);
     if (w->shared && t->cross_size == 1 && ctx->engine) // peers may start on it from now on
         w->gen = hpcdl_shared_publish(w->shared, t->local_rank, count, dtype, op);
     return submit(ctx, w, out);
+}
+
+int hpcdl_allreduce_async(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
+                          hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo, const char *name,
+                          hpcdl_handle *out) {
+    return hpcdl_allreduce_mem_async(ctx, send, recv, count, dtype, op, algo, NULL, name, out);
 }
 
 // counts are copied: the caller's array may be gone before the engine runs

@@ -17,7 +17,10 @@
  *
  * Pieces alternate between the two slots (parity), so piece p+1's copy-in
  * never overwrites data a slower rank still copies out of piece p: that rank
- * passed piece p+1's first barrier only after finishing piece p.
+ * passed piece p+1's first barrier only after finishing piece p. The parity
+ * runs on across calls (s->pieces), since calls may follow each other with
+ * no barrier between them (the CUDA staging path all-reduces piece after
+ * piece; a one-piece call restarting at slot 0 raced with its predecessor).
  *
  * Only 1/L of the data crosses the network per rank, and the L rings run in
  * parallel: inter-node time ~ 2(C-1)*alpha + 2(C-1)/C * (M/L) * beta for C nodes.
@@ -36,9 +39,9 @@ int hpcdl_hier_allreduce(hpcdl_team *t, const void *send, void *recv, size_t cou
     hpcdl_op ring_op = op == HPCDL_AVERAGE ? HPCDL_SUM : op; // divide once, at the end
     const char *in = send;
     char *out = recv;
-    for (size_t base = 0, piece = 0; base < count; base += slot_elems, piece++) {
+    for (size_t base = 0; base < count; base += slot_elems) {
         size_t P = count - base < slot_elems ? count - base : slot_elems;
-        char **slot = s->slot[piece % 2];
+        char **slot = s->slot[s->pieces++ % 2];
         size_t lo = hpcdl_block_start(P, L, l), hi = hpcdl_block_start(P, L, l + 1);
         // 1. copy-in what the other local ranks need from this rank
         for (int j = 0; j < L; j++) {

@@ -42,16 +42,13 @@ static int reduce_host(const hpcdl_step *s, void *dst, const void *recvd, const 
     return HPCDL_OK;
 }
 
-// Preconditions across ranks: `to` receives, with the same tag and chunk
-// size, as many bytes as this rank sends (its rn is this rank's sn).
-int hpcdl_ring_step(const hpcdl_step *a, const char *src, size_t sn, char *dst, size_t rn,
-                    const char *own) {
+// The step's body; rq[k % 2][send, recv] are its requests in flight.
+static int step(const hpcdl_step *a, const char *src, size_t sn, char *dst, size_t rn,
+                const char *own, MPI_Request rq[2][2]) {
     size_t esz = hpcdl_dtype_size(a->dtype);
     size_t ns = (sn + a->chunk - 1) / a->chunk, nr = (rn + a->chunk - 1) / a->chunk;
     size_t nk = ns > nr ? ns : nr;
     hpcdl_step_reduce_fn reduce = a->reduce ? a->reduce : reduce_host;
-    MPI_Request rq[2][2] = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL},
-                            {MPI_REQUEST_NULL, MPI_REQUEST_NULL}}; // [k%2][send,recv]
     for (size_t k = 0; k <= nk; k++) {
         // post chunk k (so it flies while chunk k-1 is reduced below); tmp[k % 2]
         // is free: chunk k-2's reduction has finished
@@ -81,6 +78,33 @@ int hpcdl_ring_step(const hpcdl_step *a, const char *src, size_t sn, char *dst, 
         }
     }
     return HPCDL_OK;
+}
+
+// Preconditions across ranks: `to` receives, with the same tag and chunk
+// size, as many bytes as this rank sends (its rn is this rank's sn). On an
+// error nothing is left posted: receives are cancelled (a late message must
+// not land in dst, or match a later call's receive), sends cancelled or left
+// to MPI to finish (a send cannot always be cancelled, and waiting for it
+// would hang when the peer failed too).
+int hpcdl_ring_step(const hpcdl_step *a, const char *src, size_t sn, char *dst, size_t rn,
+                    const char *own) {
+    MPI_Request rq[2][2] = {{MPI_REQUEST_NULL, MPI_REQUEST_NULL},
+                            {MPI_REQUEST_NULL, MPI_REQUEST_NULL}}; // [k%2][send,recv]
+    int rc = step(a, src, sn, dst, rn, own, rq);
+    if (rc == HPCDL_OK) return rc;
+    for (int k = 0; k < 2; k++) {
+        if (rq[k][1] != MPI_REQUEST_NULL) {
+            (void)MPI_Cancel(&rq[k][1]);
+            (void)MPI_Wait(&rq[k][1], MPI_STATUS_IGNORE);
+        }
+        if (rq[k][0] != MPI_REQUEST_NULL) {
+            int done = 0;
+            (void)MPI_Cancel(&rq[k][0]);
+            (void)MPI_Test(&rq[k][0], &done, MPI_STATUS_IGNORE);
+            if (!done) (void)MPI_Request_free(&rq[k][0]);
+        }
+    }
+    return rc;
 }
 
 static size_t chunk_for(const hpcdl_team *t, hpcdl_dtype dtype) {

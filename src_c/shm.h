@@ -13,6 +13,7 @@ struct hpcdl_shm {
     uint64_t **seq;      // seq[j]: local rank j's barrier flag
     char **slot[2];      // slot[p][j]: local rank j's slot of parity p
     uint64_t epoch;      // barriers passed by this rank
+    uint64_t pieces;     // hier pieces run so far: their slot parity continues across calls
     double timeout_s;    // a barrier waiting longer than this fails
     unsigned long spin_limit; // busy-wait iterations before yielding the core
 };

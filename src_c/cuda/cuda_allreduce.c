@@ -26,8 +26,10 @@
 // this file is empty
 #ifdef HPCDL_WITH_CUDA
 #include <limits.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "common.h"
 #include "cuda_core.h"
 
@@ -66,40 +68,12 @@ int hpcdl_cuda_fail(cudaError_t err, const char *call, const char *file, int lin
 }
 
 // ----------------------------------------------------------------------------
-// which memory a pointer is. A failed query is an answer ("not device
-// memory", or no GPU at all), not an error, so these two calls do not go
-// through CUDA_CHECK; cudaGetLastError() clears the failure so that a later
-// launch check does not report it.
+// per-thread resources, kept between calls, one set per GPU the thread used
 
-static int n_devices;
-static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
-
-static void count_devices(void) {
-    if (cudaGetDeviceCount(&n_devices) != cudaSuccess) n_devices = 0;
-    (void)cudaGetLastError();
-}
-
-// The GPU that owns p (device or managed memory), or -1 for host memory.
-static int pointer_device(const void *p) {
-    if (!p) return -1;
-    pthread_once(&devices_once, count_devices);
-    if (n_devices == 0) return -1;
-    struct cudaPointerAttributes at;
-    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return -1;
-    }
-    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged ? at.device
-                                                                               : -1;
-}
-
-int hpcdl_is_device_ptr(const void *p) { return pointer_device(p) >= 0; }
-
-// ----------------------------------------------------------------------------
-// per-thread resources, kept between calls
+enum { MAX_GPUS = 64 };
 
 typedef struct {
-    int device;            // GPU the handles below belong to; -1 = none yet
+    int made;              // 1 once the handles below exist
     cudaStream_t stream;   // every copy and kernel of this thread's calls
     cudaEvent_t staged[2]; // staging: piece k has reached pinned piece k % 2
     char *pinned;          // staging: two pinned host pieces
@@ -111,48 +85,44 @@ typedef struct {
 static pthread_key_t state_key;
 static pthread_once_t state_once = PTHREAD_ONCE_INIT;
 
-// Best effort, at thread exit or on a change of GPU: there is no caller
-// left to hand an error to, so results are ignored. The thread's current
-// device is left as it was.
-static void release(gpu_state *g) {
-    int cur = -1;
-    if (g->device >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != g->device)
-        (void)cudaSetDevice(g->device);
-    if (g->pinned) (void)cudaFreeHost(g->pinned);
-    if (g->scratch) (void)cudaFree(g->scratch);
-    for (int i = 0; i < 2; i++)
-        if (g->staged[i]) (void)cudaEventDestroy(g->staged[i]);
-    if (g->stream) (void)cudaStreamDestroy(g->stream);
-    if (cur >= 0 && cur != g->device) (void)cudaSetDevice(cur);
-    (void)cudaGetLastError();
-    memset(g, 0, sizeof *g);
-    g->device = -1;
-}
-
+// At thread exit, best effort: there is no caller left to hand an error to.
+// Only GPUs this thread used have state, so no context is made elsewhere.
 static void release_at_exit(void *p) {
-    release(p);
-    free(p);
+    gpu_state *gs = p;
+    for (int d = 0; d < MAX_GPUS; d++) {
+        gpu_state *g = &gs[d];
+        if (!g->made || cudaSetDevice(d) != cudaSuccess) continue;
+        if (g->pinned) (void)cudaFreeHost(g->pinned);
+        if (g->scratch) (void)cudaFree(g->scratch);
+        for (int i = 0; i < 2; i++) (void)cudaEventDestroy(g->staged[i]);
+        (void)cudaStreamDestroy(g->stream);
+    }
+    (void)cudaGetLastError();
+    free(gs);
 }
 
 static void make_key(void) { pthread_key_create(&state_key, release_at_exit); }
 
-// This thread's state for GPU dev (the current device), created on first use.
+// This thread's state for GPU dev (its current device), made on first use.
 static int get_state(int dev, gpu_state **out) {
+    if (dev < 0 || dev >= MAX_GPUS)
+        return hpcdl_fail(HPCDL_ERR_CUDA, "cuda all-reduce: GPU %d is beyond the %d this "
+                          "build handles", dev, MAX_GPUS);
     pthread_once(&state_once, make_key);
-    gpu_state *g = pthread_getspecific(state_key);
-    if (!g) {
-        g = calloc(1, sizeof *g);
-        if (!g) return hpcdl_fail(HPCDL_ERR_NOMEM, "cuda all-reduce: out of memory");
-        g->device = -1;
-        pthread_setspecific(state_key, g);
+    gpu_state *gs = pthread_getspecific(state_key);
+    if (!gs) {
+        gs = calloc(MAX_GPUS, sizeof *gs);
+        if (!gs) return hpcdl_fail(HPCDL_ERR_NOMEM, "cuda all-reduce: out of memory");
+        pthread_setspecific(state_key, gs);
     }
-    if (g->device != dev) { // first use, or a new GPU: handles belong to one device
-        release(g);
-        // non-blocking: the caller's default-stream work is waited for explicitly
+    gpu_state *g = &gs[dev];
+    if (!g->made) {
+        // non-blocking: ordered after the producer by the ready event, not by
+        // the legacy stream (which would also serialise with unrelated work)
         CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
         for (int i = 0; i < 2; i++)
             CUDA_CHECK(cudaEventCreateWithFlags(&g->staged[i], cudaEventDisableTiming));
-        g->device = dev; // only now: a half-made state is released on the next call
+        g->made = 1;
     }
     *out = g;
     return HPCDL_OK;
@@ -178,28 +148,48 @@ static int ensure_scratch(gpu_state *g, size_t bytes) {
     return HPCDL_OK;
 }
 
+// ----------------------------------------------------------------------------
+// waits. Until ev has happened (ev NULL: until the stream is idle), without
+// holding a core the rank's compute needs: the engine (polite team) sleeps
+// between queries as hpcdl_team_wait does, a blocking caller yields. CUDA's
+// own synchronize calls spin unless the context was made with blocking sync,
+// which is the user's choice, not ours.
+
+static int gpu_wait(const hpcdl_team *t, cudaStream_t s, cudaEvent_t ev) {
+    long sleep_ns = 2000;
+    for (unsigned spins = 0;; spins++) {
+        cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s);
+        if (e == cudaSuccess) return HPCDL_OK;
+        if (e != cudaErrorNotReady)
+            return hpcdl_cuda_fail(e, ev ? "cudaEventQuery" : "cudaStreamQuery", __FILE__,
+                                   __LINE__);
+        if (spins < 64) continue; // a short kernel or copy: keep asking
+        if (!t->polite || hpcdl_team_urgent(t)) {
+            sched_yield();
+            continue;
+        }
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 50000) sleep_ns *= 2;
+    }
+}
+
+// After a failure: let what this call queued finish, so that no copy lands
+// in the caller's buffers after it returned. Errors here add nothing.
+static void settle(gpu_state *g) {
+    (void)cudaStreamSynchronize(g->stream);
+    (void)cudaGetLastError();
+}
 
 // The average's division of n elements of device memory, finished on return.
-static int divide_on_device(gpu_state *g, void *buf, size_t n, hpcdl_dtype dtype, int by) {
+static int divide_on_device(const hpcdl_team *t, gpu_state *g, void *buf, size_t n,
+                            hpcdl_dtype dtype, int by) {
     HPCDL_TRY(hpcdl_cuda_divide(buf, n, dtype, by, g->stream));
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    return HPCDL_OK;
+    return gpu_wait(t, g->stream, NULL);
 }
 
 // ----------------------------------------------------------------------------
 // staging through pinned host memory
-
-// Piece size in bytes: HPCDL_CUDA_STAGE_BYTES, default 8 MiB. Every rank
-// must use the same value: each piece is one host all-reduce.
-static size_t stage_bytes(void) {
-    static size_t v = 0;
-    if (!v) {
-        const char *e = getenv("HPCDL_CUDA_STAGE_BYTES");
-        size_t b = e && *e ? (size_t)strtoull(e, NULL, 10) : (size_t)8 << 20;
-        v = b < 4096 ? 4096 : b > ((size_t)1 << 30) ? (size_t)1 << 30 : b;
-    }
-    return v;
-}
 
 // One piece on the host, with the algorithm dispatch resolved (mpi, hier or ring).
 static int host_allreduce(hpcdl_team *t, void *buf, size_t n, hpcdl_dtype dtype,
@@ -225,21 +215,20 @@ static int stage_down(gpu_state *g, const char *src, size_t k, size_t piece, siz
 // k+2 runs only after piece k's copy back out of it.
 static int staged_allreduce(hpcdl_team *t, gpu_state *g, const void *send, void *recv,
                             size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
-    size_t esz = hpcdl_dtype_size(dtype), piece = stage_bytes() / esz;
+    size_t esz = hpcdl_dtype_size(dtype), piece = hpcdl_cuda_stage_bytes() / esz;
     size_t npieces = (count + piece - 1) / piece;
     HPCDL_TRY(ensure_pinned(g, 2 * piece * esz));
     HPCDL_TRY(stage_down(g, send, 0, piece, count, esz));
     for (size_t k = 0; k < npieces; k++) {
         if (k + 1 < npieces) HPCDL_TRY(stage_down(g, send, k + 1, piece, count, esz));
-        CUDA_CHECK(cudaEventSynchronize(g->staged[k % 2]));
+        HPCDL_TRY(gpu_wait(t, NULL, g->staged[k % 2]));
         size_t lo = k * piece, n = count - lo < piece ? count - lo : piece;
         char *host = g->pinned + (k % 2) * piece * esz;
         HPCDL_TRY(host_allreduce(t, host, n, dtype, op, algo));
         CUDA_CHECK(cudaMemcpyAsync((char *)recv + lo * esz, host, n * esz,
                                    cudaMemcpyDefault, g->stream));
     }
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    return HPCDL_OK;
+    return gpu_wait(t, g->stream, NULL);
 }
 
 // ----------------------------------------------------------------------------
@@ -270,8 +259,7 @@ static int reduce_on_device(const hpcdl_step *s, void *dst, const void *recvd,
                             const void *own, size_t count) {
     gpu_state *g = s->user;
     HPCDL_TRY(hpcdl_cuda_reduce(dst, recvd, own, count, s->dtype, s->op, g->stream));
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    return HPCDL_OK;
+    return gpu_wait(s->team, g->stream, NULL);
 }
 
 static int dev_reduce_scatter(hpcdl_team *t, gpu_state *g, char *buf, const size_t *off,
@@ -306,10 +294,27 @@ static int dev_ring_allreduce(hpcdl_team *t, gpu_state *g, void *buf, size_t cou
     char *mine = (char *)buf + off[r] * esz;
     int rc = dev_reduce_scatter(t, g, buf, off, dtype, op);
     if (rc == HPCDL_OK && op == HPCDL_AVERAGE) // 1/N of the work, before the gather
-        rc = divide_on_device(g, mine, counts[r], dtype, n);
+        rc = divide_on_device(t, g, mine, counts[r], dtype, n);
     if (rc == HPCDL_OK) rc = hpcdl_ring_allgatherv(t, t->world, mine, buf, counts, dtype);
     free(off);
     return rc;
+}
+
+// MPI_Allreduce in pieces of at most 2^30 elements, always the blocking call:
+// Open MPI 4.x takes device pointers in point-to-point and blocking
+// collectives, not in MPI_Iallreduce (which mpi_coll.c's polite path uses).
+static int mpi_blocking(hpcdl_team *t, const void *send, void *recv, size_t count,
+                        hpcdl_dtype dtype, hpcdl_op op) {
+    MPI_Op mop;
+    HPCDL_TRY(hpcdl_mpi_op(dtype, op, &mop));
+    size_t esz = hpcdl_dtype_size(dtype), piece = (size_t)1 << 30;
+    for (size_t base = 0; base < count; base += piece) {
+        int n = (int)(count - base < piece ? count - base : piece);
+        const void *s = send == recv ? MPI_IN_PLACE : (const char *)send + base * esz;
+        MPI_CHECK(MPI_Allreduce(s, (char *)recv + base * esz, n, hpcdl_mpi_dtype(dtype), mop,
+                                t->world));
+    }
+    return HPCDL_OK;
 }
 
 // MPI has no 16-bit float reduction that runs on the GPU (hpcdl's own
@@ -319,14 +324,14 @@ static int direct_allreduce(hpcdl_team *t, gpu_state *g, const void *send, void 
                             size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
     int half = dtype == HPCDL_FLOAT16 || dtype == HPCDL_BFLOAT16;
     if (algo == HPCDL_ALGO_MPI && !half) {
-        HPCDL_TRY(hpcdl_mpi_allreduce_pieces(t, send, recv, count, dtype, op));
-        return op == HPCDL_AVERAGE ? divide_on_device(g, recv, count, dtype, t->size)
+        HPCDL_TRY(mpi_blocking(t, send, recv, count, dtype, op));
+        return op == HPCDL_AVERAGE ? divide_on_device(t, g, recv, count, dtype, t->size)
                                    : HPCDL_OK;
     }
     if (send != recv) {
         CUDA_CHECK(cudaMemcpyAsync(recv, send, count * hpcdl_dtype_size(dtype),
                                    cudaMemcpyDefault, g->stream));
-        CUDA_CHECK(cudaStreamSynchronize(g->stream));
+        HPCDL_TRY(gpu_wait(t, g->stream, NULL));
     }
     return dev_ring_allreduce(t, g, recv, count, dtype, op);
 }
@@ -334,46 +339,36 @@ static int direct_allreduce(hpcdl_team *t, gpu_state *g, const void *send, void 
 // ----------------------------------------------------------------------------
 // entry point
 
-// recv_dev: recv is device memory (GPU-direct reduces in place on it).
-static int allreduce_on(hpcdl_team *t, int dev, int recv_dev, const void *send, void *recv,
-                        size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
+// Collective over t, called by hpcdl_dispatch_allreduce after the agreement
+// check (count, dtype, op, algo and the path: device, CUDA-awareness, stage
+// size) with algo resolved (mpi, hier or ring). Both buffers are memory of
+// GPU where->device (hpcdl_where_resolve). Blocking: the result is in recv on
+// return; on an error nothing this call queued is still running.
+int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_where *where,
+                         const void *send, void *recv, size_t count, hpcdl_dtype dtype,
+                         hpcdl_op op, hpcdl_algo algo) {
+    if (count == 0) return HPCDL_OK; // no path sends anything for 0 elements
+    int dev = where->device, cur = -1;
+    // the caller's thread is on dev already (checked at resolve): hpcdl never
+    // switches a user's thread. The engine thread is hpcdl's own; it moves to
+    // the GPU the user's buffers are on and stays, so no context is ever made
+    // on a GPU the user did not choose.
+    CUDA_CHECK(cudaGetDevice(&cur));
+    if (cur != dev) {
+        if (t != &ctx->eng)
+            return hpcdl_fail(HPCDL_ERR_ARG, "allreduce: the current device changed to %d "
+                              "since the call was checked on GPU %d", cur, dev);
+        CUDA_CHECK(cudaSetDevice(dev));
+    }
     gpu_state *g = NULL;
     HPCDL_TRY(get_state(dev, &g));
-    // MPI and this thread's stream read the buffers directly: first wait for
-    // the work the caller queued on the legacy default stream (PyTorch's
-    // default stream) to finish producing them
-    CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-    if (hpcdl_mpi_cuda_aware() && recv_dev)
-        return direct_allreduce(t, g, send, recv, count, dtype, op, algo);
-    return staged_allreduce(t, g, send, recv, count, dtype, op, algo);
-}
-
-static int set_device(int dev) {
-    CUDA_CHECK(cudaSetDevice(dev));
-    return HPCDL_OK;
-}
-
-// Collective over t, called by hpcdl_dispatch_allreduce after the agreement
-// check with algo resolved (mpi, hier or ring). Preconditions across ranks:
-// same count, dtype, op, algo; every rank passes device memory (these paths
-// send other messages than the host ones); the same CUDA-awareness and
-// HPCDL_CUDA_STAGE_BYTES. Blocking: the result is in recv on return.
-int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const void *send, void *recv,
-                         size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
-    if (count == 0) return HPCDL_OK; // no path sends anything for 0 elements
-    int rdev = pointer_device(recv), dev = rdev >= 0 ? rdev : pointer_device(send), prev;
-    if (dev < 0) return hpcdl_fail(HPCDL_ERR_ARG, "cuda all-reduce: neither buffer is "
-                                   "device memory. Hint: this is an internal error.");
-    // work on the buffer's GPU. The caller's thread gets its current device
-    // back; the engine thread stays put, since switching it back to its
-    // default device 0 would make a CUDA context there on every rank.
-    CUDA_CHECK(cudaGetDevice(&prev));
-    if (dev != prev) HPCDL_TRY(set_device(dev));
-    int rc = allreduce_on(t, dev, rdev >= 0, send, recv, count, dtype, op, algo);
-    if (dev != prev && t != &ctx->eng) {
-        int rc2 = set_device(prev);
-        if (rc == HPCDL_OK) rc = rc2;
-    }
+    // MPI and this thread's stream read send directly: first the producer's
+    // work queued before the call (its stream, recorded at the call)
+    if (where->ready) HPCDL_TRY(gpu_wait(t, NULL, (cudaEvent_t)where->ready));
+    int rc = hpcdl_mpi_cuda_aware()
+                 ? direct_allreduce(t, g, send, recv, count, dtype, op, algo)
+                 : staged_allreduce(t, g, send, recv, count, dtype, op, algo);
+    if (rc != HPCDL_OK) settle(g);
     return rc;
 }
 

@@ -120,13 +120,37 @@ int hpcdl_broadcast(hpcdl_ctx *ctx, void *buf, size_t count, hpcdl_dtype dtype,
                     int root, hpcdl_algo algo);
 
 // Collective: a rank whose buffer failed its own validation calls this in
-// place of the collective (nsig: 5 for allreduce, reduce_scatter, broadcast;
+// place of the collective (nsig: 8 for allreduce, 5 for reduce_scatter, broadcast;
 // 4 for allgather), so every rank fails with HPCDL_ERR_MISMATCH instead of
 // waiting for it. Needs the agreement check on.
 int hpcdl_report_invalid(hpcdl_ctx *ctx, const char *what, int nsig);
 
 // The algorithm 'auto' would pick for an all-reduce of this many bytes.
 hpcdl_algo hpcdl_choose_algo(const hpcdl_ctx *ctx, size_t bytes);
+
+// ----------------------------------------------------------------------------
+// device memory (cores built with CUDA; docs/cuda.md)
+
+// Where an all-reduce's buffers live, as the caller knows it. The plain calls
+// (hpcdl_allreduce, _async) ask CUDA per call instead; the _mem calls never
+// guess: device -1 makes no CUDA call at all, device >= 0 is confirmed with
+// cudaPointerGetAttributes and any doubt is an error on every rank (as is a
+// rank whose location differs from its peers').
+typedef struct {
+    int device;   // -1: host memory; >= 0: send and recv are memory of this GPU,
+                  // which must be the calling thread's current device
+    void *stream; // the cudaStream_t that produces send (NULL: the legacy default
+                  // stream); the all-reduce reads send only after the work queued
+                  // on it before the call, and recv is final when the call (or
+                  // hpcdl_wait) returns
+} hpcdl_mem;
+
+int hpcdl_allreduce_mem(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
+                        hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo,
+                        const hpcdl_mem *mem);
+int hpcdl_allreduce_mem_async(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
+                              hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo,
+                              const hpcdl_mem *mem, const char *name, hpcdl_handle *out);
 
 // ----------------------------------------------------------------------------
 // asynchronous all-reduce through the background engine

@@ -17,38 +17,7 @@
 #include "common.h"    // hpcdl_is_device_ptr
 #include "cuda_core.h" // hpcdl_cuda_reduce, hpcdl_cuda_divide
 #include "testutil.h"
-
-static int rank, nranks;
-
-// a failed CUDA call ends the test: it says nothing about hpcdl
-#define CUDA_OK(call)                                                           \
-    do {                                                                        \
-        cudaError_t e_ = (call);                                                \
-        if (e_ != cudaSuccess) {                                                \
-            fprintf(stderr, "rank %d: %s failed: %s (%s:%d)\n", rank, #call,    \
-                    cudaGetErrorString(e_), __FILE__, __LINE__);                \
-            MPI_Abort(MPI_COMM_WORLD, 2);                                       \
-        }                                                                       \
-    } while (0)
-
-// ----------------------------------------------------------------------------
-// setup: one GPU per rank of a node (ranks beyond the GPU count share).
-// Returns 0 when any rank sees no GPU, so that all ranks skip together.
-
-static int pick_device(void) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-    int min_n = 0;
-    MPI_Allreduce(&n, &min_n, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (min_n == 0) return 0;
-    MPI_Comm node;
-    int local = 0;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-    MPI_Comm_rank(node, &local);
-    MPI_Comm_free(&node);
-    CUDA_OK(cudaSetDevice(local % n));
-    return min_n;
-}
+#include "cudautil.h"
 
 static void *dev_alloc(size_t bytes) {
     void *p = NULL;
@@ -207,16 +176,7 @@ static void run_path(hpcdl_ctx *ctx, const char *path) {
 }
 
 int main(int argc, char **argv) {
-    int provided;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-    if (!pick_device()) {
-        if (rank == 0) printf("SKIP: no CUDA device\n");
-        MPI_Finalize();
-        return 0;
-    }
-    setenv("HPCDL_SHM_SLOT_BYTES", "65536", 0);     // hier: many pieces
+    cuda_test_start(&argc, &argv);
     setenv("HPCDL_CUDA_STAGE_BYTES", "262144", 0);  // staging: many pieces
     // what the user's environment or the MPI says, before the test forces it
     int aware = hpcdl_mpi_cuda_aware(), all_aware = 0;

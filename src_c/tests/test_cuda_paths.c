@@ -1,0 +1,237 @@
+/*
+ * test_cuda_paths.c - the CUDA all-reduce paths against MPI on CPU data, built
+ * twice: against the fake runtime (tests/fake_cuda/, FAKE_CUDA defined; run by
+ * `make check` on any machine) and against the real one (`make check-cuda`).
+ *
+ * Every input is written by an asynchronous copy on the caller's own stream
+ * (behind a slow "kernel" in the fake), and the all-reduce is called at once
+ * with that stream: a missing wait reads the poison the buffer held before.
+ * Results are read back on the same stream right after the call returns, so
+ * a call that returns before its own copies land is caught too.
+ *   1. staging and GPU-direct, every dtype x op x algorithm, sizes {0, 1,
+ *      N-1, 1031, 20483}, in place and out of place, blocking and through the
+ *      engine: bit for bit against MPI_Allreduce on the host copies (hpcdl's
+ *      host all-reduce for float16 / bfloat16, which MPI lacks). Values are
+ *      rank- and position-dependent and exact in the dtype, so every path
+ *      must give the same bits.
+ *   2. bad input, an error on every rank and no hang: device memory on one
+ *      rank and host memory on the others, a GPU that cannot be confirmed, a
+ *      pointer query that fails, the CUDA-awareness differing between ranks,
+ *      HPCDL_MPI_CUDA_AWARE=1 on an MPI that says it is not CUDA-aware.
+ *   3. (fake) no CUDA context on a GPU this rank did not choose.
+ *
+ *   mpirun -n 2 src_c/build/fake/test_cuda_paths
+ */
+#include <mpi.h>
+#include <unistd.h>
+#include <cuda_runtime_api.h>
+#include "common.h" // hpcdl_mpi_cuda_conflict
+#include "testutil.h"
+#include "cudautil.h"
+#ifdef FAKE_CUDA
+#include "fake_cuda.h"
+#endif
+
+static int my_dev;
+static cudaStream_t prod; // the "user's" stream that produces every input
+
+// ----------------------------------------------------------------------------
+// data: exact in each dtype, so sums in any order give the same bits
+
+static double value(int r, size_t i, hpcdl_dtype d, hpcdl_op op) {
+    if (op == HPCDL_PROD || d == HPCDL_FLOAT16 || d == HPCDL_BFLOAT16)
+        return test_value(r, i, op); // small integers (testutil.h)
+    long v = (long)((i * 2654435761u + (size_t)r * 977) % 2001) - 1000;
+    if (d == HPCDL_INT32 || d == HPCDL_INT64) return (double)(v * 1009 + r);
+    return (double)v / 64.0; // fractions, exact in float32
+}
+
+#ifdef FAKE_CUDA
+static void slow(void *arg) { usleep(*(const int *)arg); }
+#endif
+
+// Writes host into dev on the producer stream, behind 2 ms of other work in
+// the fake (on a GPU the copy itself is the work), and returns at once.
+static void produce(void *dev, const void *host, size_t bytes) {
+#ifdef FAKE_CUDA
+    int us = 2000;
+    CUDA_OK(fake_cuda_launch(prod, slow, &us, sizeof us));
+#endif
+    CUDA_OK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, prod));
+}
+
+static void read_back(void *host, const void *dev, size_t bytes) {
+    CUDA_OK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, prod));
+    CUDA_OK(cudaStreamSynchronize(prod));
+}
+
+// The reference: MPI_Allreduce on host data (hpcdl's host path for 16-bit floats).
+static void reference(hpcdl_ctx *ctx, void *buf, size_t count, hpcdl_dtype d, hpcdl_op op) {
+    if (d == HPCDL_FLOAT16 || d == HPCDL_BFLOAT16) {
+        OK(hpcdl_allreduce(ctx, buf, buf, count, d, op, HPCDL_ALGO_RING));
+        return;
+    }
+    MPI_Datatype t = d == HPCDL_FLOAT32 ? MPI_FLOAT : d == HPCDL_FLOAT64 ? MPI_DOUBLE
+                     : d == HPCDL_INT32 ? MPI_INT32_T : MPI_INT64_T;
+    MPI_Op o = op == HPCDL_MIN ? MPI_MIN : op == HPCDL_MAX ? MPI_MAX
+               : op == HPCDL_PROD ? MPI_PROD : MPI_SUM;
+    MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, t, o, MPI_COMM_WORLD);
+    if (op == HPCDL_AVERAGE) hpcdl_divide_local(buf, count, d, nranks);
+}
+
+// ----------------------------------------------------------------------------
+// 1. the paths
+
+static void one(hpcdl_ctx *ctx, const char *path, size_t count, hpcdl_dtype d, hpcdl_op op,
+                hpcdl_algo algo, int in_place, int async) {
+    size_t esz = hpcdl_dtype_size(d), bytes = count * esz;
+    char *want = malloc(bytes + 1), *in = malloc(bytes + 1), *got = malloc(bytes + 1);
+    char *dsend = NULL, *drecv = NULL;
+    CUDA_OK(cudaMalloc((void **)&dsend, bytes + 16));
+    CUDA_OK(in_place ? cudaSuccess : cudaMalloc((void **)&drecv, bytes + 16));
+    if (in_place) drecv = dsend;
+    for (size_t i = 0; i < count; i++) store(in, i, d, value(rank, i, d, op));
+    memcpy(want, in, bytes);
+    reference(ctx, want, count, d, op);
+    memset(got, 0xff, bytes); // poison (NaN, -1): what a missing wait would read
+    CUDA_OK(cudaMemcpy(dsend, got, bytes, cudaMemcpyHostToDevice));
+    if (!in_place) CUDA_OK(cudaMemcpy(drecv, got, bytes, cudaMemcpyHostToDevice));
+    produce(dsend, in, bytes);
+    hpcdl_mem mem = {my_dev, prod};
+    if (async) {
+        hpcdl_handle h;
+        char err[512];
+        OK(hpcdl_allreduce_mem_async(ctx, dsend, drecv, count, d, op, algo, &mem, "t", &h));
+        int rc = hpcdl_wait(ctx, h, err, sizeof err);
+        CHECK(rc == HPCDL_OK, "rank %d %s async: %s", rank, path, err);
+    } else {
+        OK(hpcdl_allreduce_mem(ctx, dsend, drecv, count, d, op, algo, &mem));
+    }
+    read_back(got, drecv, bytes);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < count; i++)
+        if (memcmp(got + i * esz, want + i * esz, esz) && bad++ == 0) first = i;
+    CHECK(bad == 0, "rank %d %s%s %s %s %s count=%zu %s: %zu wrong, first at %zu (got %g "
+          "want %g)", rank, path, async ? " async" : "", hpcdl_algo_name(algo),
+          hpcdl_dtype_name(d), hpcdl_op_name(op), count, in_place ? "in place" : "out of place",
+          bad, first, bad ? load(got, first, d) : 0, bad ? load(want, first, d) : 0);
+    if (!in_place) { // send comes back untouched
+        read_back(got, dsend, bytes);
+        CHECK(!memcmp(got, in, bytes), "rank %d %s %s %s count=%zu: send buffer changed",
+              rank, path, hpcdl_dtype_name(d), hpcdl_op_name(op), count);
+        CUDA_OK(cudaFree(drecv));
+    }
+    CUDA_OK(cudaFree(dsend));
+    free(want);
+    free(in);
+    free(got);
+}
+
+static void run_path(hpcdl_ctx *ctx, const char *path) {
+    size_t sizes[] = {0, 1, (size_t)nranks - 1, 1031, 20483};
+    for (int d = 0; d < HPCDL_NUM_DTYPES; d++)
+        for (int op = 0; op < HPCDL_NUM_OPS; op++)
+            for (int a = 0; a < HPCDL_NUM_ALGOS; a++)
+                for (int si = 0; si < 5; si++) // every size, each algorithm on some
+                    if ((si + a + op) % 2 == 0 || si == 4)
+                        one(ctx, path, sizes[si], d, op, a, (si + op + d) % 2,
+                            (si + a + d) % 3 == 0);
+}
+
+// ----------------------------------------------------------------------------
+// 2. bad input: the call fails on every rank (none hangs), with `want` in the
+// message of the rank that caused it
+
+static void expect_fail(hpcdl_ctx *ctx, const char *what, const void *send, void *recv,
+                        int dev, int culprit, const char *want) {
+    hpcdl_mem mem = {dev, prod};
+    int rc = hpcdl_allreduce_mem(ctx, send, recv, 1031, HPCDL_FLOAT32, HPCDL_SUM,
+                                 HPCDL_ALGO_AUTO, &mem);
+    const char *msg = hpcdl_last_error();
+    CHECK(rc != HPCDL_OK, "rank %d %s: no error", rank, what);
+    CHECK(!culprit || strstr(msg, want), "rank %d %s: message lacks '%s': %s", rank, what,
+          want, msg);
+    if (rank == 0 && culprit && getenv("HPCDL_TEST_VERBOSE")) printf("%s: %s\n", what, msg);
+    float ok = 1;
+    CHECK(hpcdl_allreduce(ctx, &ok, &ok, 1, HPCDL_FLOAT32, HPCDL_SUM, HPCDL_ALGO_AUTO) ==
+          HPCDL_OK && ok == nranks, "rank %d: context unusable after %s", rank, what);
+}
+
+static void test_bad_input(hpcdl_ctx *ctx) {
+    size_t bytes = 1031 * 4;
+    char *dev = NULL, *host = calloc(1, bytes);
+    CUDA_OK(cudaMalloc((void **)&dev, bytes));
+    setenv("HPCDL_MPI_CUDA_AWARE", "0", 1);
+    // device memory on rank 0, host memory elsewhere
+    expect_fail(ctx, "device/host mix", rank == 0 ? dev : host, rank == 0 ? dev : host,
+                rank == 0 ? my_dev : -1, 0, "");
+    // rank 0 says "GPU" for host memory: it cannot be confirmed
+    expect_fail(ctx, "host memory said to be device", host, host, rank == 0 ? my_dev : -1,
+                rank == 0, "CUDA says send is on -1");
+    // send on the GPU, recv on the host
+    expect_fail(ctx, "send device, recv host", dev, rank == 0 ? host : dev, my_dev, rank == 0,
+                "CUDA says");
+#ifdef FAKE_CUDA
+    // the pointer query fails (a driver older than the runtime)
+    if (rank == nranks - 1) fake_cuda_fail("cudaPointerGetAttributes", 1, cudaErrorInvalidValue);
+    expect_fail(ctx, "failed pointer query", dev, dev, my_dev, rank == nranks - 1,
+                "cannot confirm");
+    fake_cuda_fail("", 0, cudaSuccess);
+#endif
+    // CUDA-awareness differs: the ranks would run different message patterns
+    setenv("HPCDL_MPI_CUDA_AWARE", rank == 0 ? "force" : "0", 1);
+    expect_fail(ctx, "CUDA-awareness differs", dev, dev, my_dev, 0, "");
+    // the override contradicts an MPI that says it is not CUDA-aware
+    setenv("HPCDL_MPI_CUDA_AWARE", "1", 1);
+    if (hpcdl_mpi_cuda_conflict())
+        expect_fail(ctx, "HPCDL_MPI_CUDA_AWARE=1 on a MPI without CUDA", dev, dev, my_dev, 1,
+                    "not CUDA-aware");
+    setenv("HPCDL_MPI_CUDA_AWARE", "0", 1);
+    CUDA_OK(cudaFree(dev));
+    free(host);
+}
+
+// ----------------------------------------------------------------------------
+// main. With two (fake) GPUs and two ranks, each rank has a GPU it did not choose.
+
+int main(int argc, char **argv) {
+    my_dev = cuda_test_start(&argc, &argv);
+    CUDA_OK(cudaStreamCreateWithFlags(&prod, cudaStreamNonBlocking));
+    setenv("HPCDL_CUDA_STAGE_BYTES", "16384", 0);  // staging: many pieces
+    int aware = hpcdl_mpi_cuda_aware(), all_aware = 0;
+    MPI_Allreduce(&aware, &all_aware, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    const char *ls = getenv("HPCDL_LOCAL_SIZE");
+    hpcdl_ctx *ctx;
+    OK(hpcdl_ctx_create(MPI_COMM_WORLD, ls ? atoi(ls) : 0, &ctx));
+    setenv("HPCDL_MPI_CUDA_AWARE", "0", 1);
+    run_path(ctx, "staged");
+#ifdef FAKE_CUDA
+    // the fake's device memory readable by MPI, as a CUDA-aware MPI reads it
+    fake_cuda_set_host_visible(1);
+    all_aware = 1;
+    setenv("HPCDL_MPI_CUDA_AWARE", "force", 1);
+#else
+    setenv("HPCDL_MPI_CUDA_AWARE", "1", 1);
+#endif
+    if (all_aware) run_path(ctx, "gpu-direct");
+    test_bad_input(ctx);
+    OK(hpcdl_ctx_destroy(ctx));
+#ifdef FAKE_CUDA
+    int other = my_dev == 0 ? 1 : 0; // the caller's and the engine's threads alike
+    CHECK(!fake_cuda_context_made(other), "rank %d: a CUDA context was made on GPU %d, "
+          "which this rank never chose (it uses GPU %d)", rank, other, my_dev);
+#endif
+    int total_fail = 0;
+    MPI_Allreduce(&g_failures, &total_fail, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0)
+        printf("test_cuda_paths (%s runtime, %d ranks, local_size=%s, paths: staged%s): %d "
+               "checks per rank, %d failed\n",
+#ifdef FAKE_CUDA
+               "fake",
+#else
+               "real",
+#endif
+               nranks, ls ? ls : "node", all_aware ? ", gpu-direct" : "", g_checks, total_fail);
+    MPI_Finalize();
+    return total_fail != 0;
+}
