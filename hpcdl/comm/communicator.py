@@ -19,6 +19,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
+from . import adasum as _adasum
 from . import alltoall as _a2a, buffers
 from ._types import ALGORITHMS, DTYPES, OPS, algo_code, op_code
 from .. import _core
@@ -338,6 +339,22 @@ class Communicator:
         self.mpi.Alltoallv([sbytes, _a2a.layout(counts, unit_bytes), MPI.BYTE],
                            [rbytes, _a2a.layout(recv_counts, unit_bytes), MPI.BYTE])
         return recv, recv_counts
+
+    def adasum(self, vectors):
+        """Adasum (adasum.py) of each 1-D float buffer in vectors (numpy or CPU
+        torch, same lengths on every rank), combined per buffer; returns float64
+        numpy arrays, the same on every rank. Blocking, over MPI point-to-point:
+        the C core has no Adasum."""
+        flat = [np.asarray(v, dtype=np.float64).reshape(-1) for v in vectors]
+        bounds = np.cumsum([0] + [f.size for f in flat])
+        segments = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+        lengths = self.mpi.allgather(int(bounds[-1]))
+        if len(set(lengths)) > 1:
+            raise MismatchError("adasum: ranks disagree on the number of elements: %s"
+                                % ", ".join("rank %d=%d" % rc for rc in enumerate(lengths)))
+        whole = np.concatenate(flat) if flat else np.empty(0)
+        out = _adasum.allreduce(self.mpi, self.rank, self.size, whole, segments)
+        return [out[lo:hi] for lo, hi in segments]
 
     # ------------------------------------------------ objects and agreement
     def allgather_object(self, obj):

@@ -4,7 +4,8 @@ versions (one fused all-reduce per wire dtype for a list of tensors).
 
     out = (op over ranks of tensor * prescale_factor) * postscale_factor
 
-op is hvd.Average (the default), Sum, Min, Max or Product; `average=` is the
+op is hvd.Average (the default), Sum, Min, Max, Product or Adasum
+(adasum_ops.py); `average=` is the
 deprecated spelling. name= labels the operation in hpcdl's timeline (Horovod
 matches tensors across ranks by name; hpcdl matches them by call order, so
 every rank makes the same calls in the same order). allreduce and
@@ -16,8 +17,8 @@ import math
 
 import torch
 
-from . import _handles
-from ._basics import comm_op, handle_average_backwards_compatibility
+from . import _handles, adasum_ops
+from ._basics import Adasum, comm_op, handle_average_backwards_compatibility
 from ._shapes import start_check
 from .process_sets import comm_of, global_process_set
 from ._wire import (deliver, from_wire, is_direct, owned_wire, scale_, to_wire, wire_dtype,
@@ -35,6 +36,9 @@ def auto_name(name, kind):
 def _start(tensor, inplace, name, op, prescale, postscale, process_set=None):
     """Queues one all-reduce (after its shape descriptor); the handle's
     result is the output tensor (tensor itself when inplace)."""
+    if op == Adasum:
+        return adasum_ops.start([tensor], inplace, name, prescale, postscale,
+                                comm_of(process_set, "allreduce"), grouped=False)
     code = comm_op(op)
     on = comm_of(process_set, "allreduce")
     _handles.claim(name, on, "allreduce")
@@ -61,6 +65,9 @@ def _start(tensor, inplace, name, op, prescale, postscale, process_set=None):
 
 def _start_grouped(tensors, inplace, name, op, prescale, postscale, process_set=None):
     """Queues one all-reduce per wire dtype over the concatenated tensors."""
+    if op == Adasum:
+        return adasum_ops.start(list(tensors), inplace, name, prescale, postscale,
+                                comm_of(process_set, "grouped_allreduce"), grouped=True)
     code = comm_op(op)
     on = comm_of(process_set, "grouped_allreduce")
     _handles.claim(name, on, "allreduce")

@@ -25,7 +25,7 @@ import math
 import torch
 
 from . import _handles
-from ._basics import Average, Sum, comm_op
+from ._basics import Adasum, Average, Sum, comm_op
 from ._shapes import check_rows_agree, gather_shapes, start_check
 from ._wire import deliver, from_wire, is_direct, owned_wire, scale_, to_wire, wire_shape
 from .allreduce_ops import allreduce, auto_name, grouped_allreduce
@@ -65,6 +65,9 @@ def _start_broadcast(tensor, root_rank, inplace, name, process_set=None):
 
 
 def _start_reducescatter(tensor, name, op, prescale, postscale, process_set=None):
+    if op == Adasum:  # Horovod's answer too: a RuntimeError on every rank, nothing sent
+        raise RuntimeError("reducescatter: op=Adasum is not supported (as in Horovod); "
+                           "use hvd.Average or hvd.Sum")
     code, w = comm_op(op), comm_of(process_set, "reducescatter")
     _handles.claim(name, w, "reducescatter")
     t0 = tensor.detach()
