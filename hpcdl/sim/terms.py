@@ -224,7 +224,8 @@ def validate(gpus, step, fab, base_gpus=1):
             raise ValueError("%s must be > 0 (got %r)" % (name, v))
     others = [("--spread", step.cv), ("--optimizer-ms", step.optimizer_s),
               ("--data-ms", step.data_s), ("--bucket-latency", step.bucket_latency_s),
-              ("--compress-gamma", step.compress_gamma), ("--fusion-mb", step.fusion_bytes)]
+              ("--compress-gamma", step.compress_gamma), ("--fusion-mb", step.fusion_bytes),
+              ("--first-bucket-mb", step.first_bucket_bytes)]
     for name, v in others:
         if v < 0:
             raise ValueError("%s must be >= 0 (got %r)" % (name, v))
