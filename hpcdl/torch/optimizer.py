@@ -81,6 +81,20 @@ class DistributedOptimizer(OptimizerWrapper):
     indices and values); they are recognised when .grad is None before
     backward (zero_grad()'s default)."""
 
+    def __new__(cls, optimizer, named_parameters=None, compression=None,
+                backward_passes_per_step=1, op="average", *args, **kwargs):
+        from ._basics import Adasum
+        if op == Adasum:  # Horovod's delta optimizer (adasum_optimizer.py)
+            from .adasum_optimizer import DistributedAdasumOptimizer
+            params = [p for g in optimizer.param_groups for p in g["params"]
+                      if p.requires_grad]
+            ps = kwargs.get("process_set")
+            return DistributedAdasumOptimizer(
+                optimizer, _param_names(params, named_parameters),
+                compression if compression is not None else _none_compression(),
+                _member_comm(ps if ps is not None else _global_set()))
+        return super().__new__(cls)
+
     def __init__(self, optimizer, named_parameters=None, compression=None,
                  backward_passes_per_step=1, op="average", gradient_predivide_factor=1.0,
                  num_groups=0, groups=None, sparse_as_dense=False, process_set=None):
@@ -322,6 +336,16 @@ def _plan_buckets(params, groups):
     if cur:
         plan.append(cur)
     return plan
+
+
+def _none_compression():
+    from .compression import Compression
+    return Compression.none
+
+
+def _global_set():
+    from .process_sets import global_process_set
+    return global_process_set
 
 
 def _member_comm(process_set):

@@ -86,5 +86,27 @@ try:
 except RuntimeError:
     pass
 
+# DistributedOptimizer(op=Adasum): every rank steps SGD on its own gradient;
+# the parameter deltas (-lr * grad) combine by Adasum, one parameter at a time
+torch.manual_seed(0)
+model = torch.nn.Linear(6, 2)
+w0 = [p.detach().double().clone() for p in model.parameters()]
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters(), op=hvd.Adasum)
+x = torch.tensor(data(rank, 12, 4.0), dtype=torch.float32).view(2, 6)
+model(x).pow(2).sum().backward()
+opt.step()
+for i, p in enumerate(model.parameters()):
+    deltas = []
+    for r in range(size):
+        m = torch.nn.Linear(6, 2).double()
+        with torch.no_grad():
+            for q, w in zip(m.parameters(), w0):
+                q.copy_(w)
+        m(torch.tensor(data(r, 12, 4.0)).view(2, 6)).pow(2).sum().backward()
+        deltas.append(-0.1 * list(m.parameters())[i].grad.reshape(-1).numpy())
+    expect("optimizer param %d" % i, (p.detach().double() - w0[i]).reshape(-1),
+           reference(deltas), 1e-5)
+
 print("rank %d: adasum %s" % (rank, "FAIL " + "; ".join(fails) if fails else "OK"), flush=True)
 sys.exit(1 if fails else 0)
