@@ -1,10 +1,13 @@
-"""slurm_cluster.py - a real single-node Slurm for the tests: munged,
-slurmctld and slurmd started as daemons on localhost from a temporary folder
-(its own munge key and socket, slurm.conf, state, spool, logs and free ports),
-stopped by their pid files when the session ends.
+"""slurm_cluster.py - a real Slurm for the tests, and the helpers that submit
+to it. The session's single-node cluster: munged, slurmctld and slurmd started
+as daemons on localhost from a temporary folder (its own munge key and socket,
+slurm.conf, state, spool, logs and free ports; hpcdl/slurm/local.py writes
+them), stopped by their pid files when the session ends. The same client side
+(SlurmCluster with a prefix) talks to `hpcdl vcluster up --slurm`'s cluster
+through `hpcdl vcluster exec` (tests/test_vcluster_slurm.py).
 
     def test_x(slurm_cluster):            # session fixture (tests/conftest.py)
-        job = slurm_cluster.sbatch_text(script)   # or hpcdl slurm submit, env=...env
+        job = slurm_cluster.sbatch_text(script)   # or submit(cluster, ...)
         rec = slurm_cluster.wait(job)             # [{'JobState': 'COMPLETED', ...}]
 
 Where Slurm cannot start (not root, slurm-wlm/munge missing, a daemon that
@@ -12,22 +15,39 @@ dies) the tests skip with the reason, except where CI=true or
 HPCDL_REQUIRE_SLURM=1: there they fail. `make test` installs the packages
 when it may (root with apt-get). HPCDL_KEEP_SLURM=1 keeps the folder.
 """
+import glob
 import os
 import shutil
-import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
 import pytest
 
-DAEMONS = ("munged", "slurmctld", "slurmd")
-CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scontrol", "scancel")
+from hpcdl.slurm import local
+
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 CPUS = 4           # declared CPUs: two 2-rank jobs fit at once, even on a 2-core machine
-CRED_EXPIRE = 10   # seconds; also how long a requeued job waits (default 120)
+HPCDL = [sys.executable, "-m", "hpcdl"]
+VENV = sys.prefix if sys.prefix != sys.base_prefix else ""  # jobs activate the tests' venv
+# each rank: an all-reduce of rank- and position-dependent data by hpcdl and by mpi4py
+CHECK = r"""
+import os, sys, numpy as np
+from mpi4py import MPI
+from hpcdl import comm
+comm.init()
+r, n = comm.rank(), comm.size()
+x = np.arange(1031, dtype=np.float64) * (r + 1) + r
+want = np.empty_like(x); MPI.COMM_WORLD.Allreduce(x, want)
+comm.allreduce(x)
+ok = "ok" if np.array_equal(x, want) else "WRONG"
+sys.stdout.write("CHECK rank %d size %d local %d slurm_localid %s host %s %s\n"
+                 % (r, n, comm.local_rank(), os.environ.get("SLURM_LOCALID"),
+                    MPI.Get_processor_name(), ok))
+"""
 
 
 def required():
@@ -47,17 +67,8 @@ def missing_prerequisite():
     if os.geteuid() != 0:
         return ("the test cluster runs slurmd as root (it starts jobs for any user); run "
                 "the tests as root")
-    absent = [b for b in DAEMONS + CLIENTS if not binary(b)]
-    if absent:
-        return ("%s not on PATH; install with `apt-get install slurm-wlm munge` (make test "
-                "does this when run as root)" % ", ".join(absent))
-    return None
-
-
-def binary(name):
-    """The path of a Slurm or munge program; daemons live in sbin, which a
-    user's PATH may lack."""
-    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin:/sbin")
+    why = local.missing_programs()
+    return why and why + " (make test does this when run as root)"
 
 
 def free_port():
@@ -67,12 +78,17 @@ def free_port():
 
 
 class SlurmCluster:
-    def __init__(self, root):
+    """A Slurm whose files are in root. Clients run as prefix + command:
+    nothing for the local cluster, `hpcdl vcluster exec node1 --` for one
+    whose controller answers inside a vcluster host only."""
+
+    def __init__(self, root, prefix=()):
         self.root = root
-        self.conf = os.path.join(root, "slurm.conf")
-        self.socket = os.path.join(root, "munge", "munge.socket")
+        self.conf = local.path(root, "slurm.conf")
+        self.prefix = list(prefix)
         self.node = socket.gethostname().split(".")[0]
         self.failed = False
+        self.poll_s = 0.3  # wait()'s interval between two looks at a job
 
     # ------------------------------------------------------------ environment
     @property
@@ -85,8 +101,12 @@ class SlurmCluster:
         e.update(SLURM_CONF=self.conf, PYTHONUNBUFFERED="1")
         return e
 
+    def argv(self, cmd):
+        """cmd as run where this cluster answers."""
+        return self.prefix + list(cmd)
+
     def run(self, *cmd, timeout=60, check=True):
-        out = subprocess.run(cmd, capture_output=True, text=True, env=self.env,
+        out = subprocess.run(self.argv(cmd), capture_output=True, text=True, env=self.env,
                              timeout=timeout)
         if check and out.returncode != 0:
             raise RuntimeError("%s failed (exit %d): %s" % (" ".join(cmd), out.returncode,
@@ -95,70 +115,22 @@ class SlurmCluster:
 
     # ------------------------------------------------------------ start / stop
     def start(self):
-        for sub in ("munge", "state", "spool", "log", "tmp"):
-            os.makedirs(os.path.join(self.root, sub), mode=0o755)
-        os.chmod(self.root, 0o755)  # munged wants its socket's folders open to all
-        key = os.path.join(self.root, "munge.key")
-        with open(os.open(key, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
-            f.write(os.urandom(128))
-        self._daemon("munged", [binary("munged"), "--socket", self.socket, "--key-file", key,
-                                "--log-file", self._path("log/munged.log"),
-                                "--pid-file", self._path("munged.pid"),
-                                "--seed-file", self._path("munged.seed")])
+        """The single-node cluster on localhost (free ports on 127.0.0.1)."""
+        local.make_root(self.root, [self.node])
+        self._daemon("munged", local.munged_argv(self.root))
         with open(self.conf, "w") as f:
-            f.write(self.slurm_conf())
-        self._daemon("slurmctld", [binary("slurmctld"), "-f", self.conf])
-        self._daemon("slurmd", [binary("slurmd"), "-f", self.conf])
-        self._wait_idle(30)
-
-    def slurm_conf(self):
-        r = self.root
-        return "\n".join([
-            "ClusterName=hpcdltest",
-            "SlurmctldHost=%s(127.0.0.1)" % self.node,
-            "SlurmctldPort=%d" % free_port(), "SlurmdPort=%d" % free_port(),
-            "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", "CredType=cred/munge",
-            # cred_expire is also the wait before a requeued job may run again
-            "AuthInfo=socket=%s,cred_expire=%d" % (self.socket, CRED_EXPIRE),
-            "StateSaveLocation=%s/state" % r, "SlurmdSpoolDir=%s/spool" % r,
-            "TmpFS=%s/tmp" % r,
-            "SlurmctldPidFile=%s/slurmctld.pid" % r, "SlurmdPidFile=%s/slurmd.pid" % r,
-            "SlurmctldLogFile=%s/log/slurmctld.log" % r, "SlurmdLogFile=%s/log/slurmd.log" % r,
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
-            "AccountingStorageType=accounting_storage/none",
-            "JobAcctGatherType=jobacct_gather/none", "MpiDefault=pmix",
-            "MailProg=/bin/true", "ReturnToService=2", "KillWait=10",
-            # start jobs at once, and look at the queue every second
-            "SchedulerParameters=batch_sched_delay=0,bf_interval=1,sched_interval=1",
-            # the node as declared here, whatever the hardware (CPUS on any machine)
-            "SlurmdParameters=config_overrides",
-            "NodeName=%s NodeAddr=127.0.0.1 CPUs=%d Sockets=1 CoresPerSocket=%d "
-            "ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN" % (self.node, CPUS, CPUS),
-            "PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP" % self.node,
-            ""])
-
-    def _path(self, rel):
-        return os.path.join(self.root, rel)
+            f.write(local.slurm_conf(self.root, (self.node, "127.0.0.1"),
+                                     [(self.node, "127.0.0.1")], CPUS,
+                                     ports=(free_port(), free_port())))
+        self._daemon("slurmctld", local.slurmctld_argv(self.root))
+        self._daemon("slurmd", local.slurmd_argv(self.root, self.node))
+        local.wait_idle(self.argv(["sinfo"]), self.env, 1, 30)
 
     def _daemon(self, name, cmd):
         out = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=60)
         if out.returncode != 0:
             raise RuntimeError("%s did not start (exit %d): %s\n%s" % (
                 name, out.returncode, out.stderr.strip(), self.log_tail()))
-
-    def _wait_idle(self, timeout):
-        deadline = time.monotonic() + timeout
-        state = ""
-        while time.monotonic() < deadline:
-            out = self.run("sinfo", "-h", "-o", "%T", check=False)
-            state = (out.stdout + out.stderr).strip()
-            if state == "idle":
-                return
-            time.sleep(0.2)
-        raise RuntimeError("the node is not idle after %d s (sinfo: %r)\n%s"
-                           % (timeout, state, self.log_tail()))
 
     def stop(self):
         """Cancels what is left, then stops slurmd, slurmctld and munged by pid."""
@@ -169,8 +141,10 @@ class SlurmCluster:
                 self._wait_gone(jobs, 30)
         except (OSError, subprocess.TimeoutExpired):
             pass  # slurmctld is down already: stop what runs
-        for name in reversed(DAEMONS):
-            stop_pid_file(self._path("%s.pid" % name))
+        for pid_file in (glob.glob(local.path(self.root, "slurmd-*.pid"))
+                         + [local.path(self.root, "slurmctld.pid"),
+                            local.path(self.root, "munged.pid")]):
+            local.stop_pid_file(pid_file)
         if self.failed or os.environ.get("HPCDL_KEEP_SLURM") == "1":
             print("slurm test cluster kept in %s" % self.root)
         else:
@@ -186,8 +160,8 @@ class SlurmCluster:
     # ------------------------------------------------------------ jobs
     def sbatch_text(self, script, cwd=None):
         """Submits script text; returns the job id."""
-        out = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True,
-                             text=True, env=self.env, cwd=cwd, timeout=60)
+        out = subprocess.run(self.argv(["sbatch", "--parsable"]), input=script,
+                             capture_output=True, text=True, env=self.env, cwd=cwd, timeout=60)
         if out.returncode != 0:
             self.fail("sbatch refused the test job: " + out.stderr.strip())
         return out.stdout.strip().split(";")[0]
@@ -213,7 +187,7 @@ class SlurmCluster:
             recs = self.jobs(job)
             if recs and all(r.get("JobState") in states for r in recs):
                 return recs
-            time.sleep(0.3)
+            time.sleep(self.poll_s)
         self.run("scancel", str(job), check=False)
         self.fail("job %s not done after %d s: %s" % (
             job, timeout, [(r.get("JobId"), r.get("JobState"), r.get("Reason")) for r in recs]))
@@ -223,42 +197,37 @@ class SlurmCluster:
         pytest.fail("%s\n%s" % (message, self.log_tail()), pytrace=False)
 
     def log_tail(self, lines=15):
-        out = []
-        for name in DAEMONS:
-            path = self._path("log/%s.log" % name)
-            if os.path.exists(path):
-                with open(path, errors="replace") as f:
-                    tail = f.read().splitlines()[-lines:]
-                out.append("--- %s (last %d lines)\n%s" % (path, len(tail), "\n".join(tail)))
-        return "\n".join(out)
+        return local.log_tail(self.root, lines)
 
 
-def stop_pid_file(path, timeout=10):
-    """SIGTERM to the pid in path, then SIGKILL if it has not ended in timeout
-    seconds. A daemon nobody reaps stays a zombie: state Z counts as ended."""
-    try:
-        with open(path) as f:
-            pid = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not alive(pid):
-                return
-            time.sleep(0.1)
+# ---------------------------------------------------------------- job helpers
+def submit(cluster, cwd, template, *args, cmd):
+    """`hpcdl slurm submit TEMPLATE ARGS -- CMD` from cwd; returns the job id."""
+    r = subprocess.run(cluster.argv(HPCDL + ["slurm", "submit", template, "--time", "00:10:00",
+                                             "--set", "VENV=" + VENV, *args, "--", *cmd]),
+                       capture_output=True, text=True, cwd=cwd, env=cluster.env, timeout=60)
+    if r.returncode != 0:
+        cluster.fail("hpcdl slurm submit failed: " + r.stdout + r.stderr)
+    return r.stdout.strip().splitlines()[-1]
 
 
-def alive(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+def finished(cluster, job, timeout=180):
+    """Waits for job; fails unless every record completed with exit code 0."""
+    recs = cluster.wait(job, timeout)
+    for rec in recs:
+        assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), rec
+    return recs
+
+
+def output(path):
+    with open(path) as f:
+        return f.read()
+
+
+def checks(text):
+    """(rank, size, ok) of every CHECK line."""
+    rows = [l.split() for l in text.splitlines() if l.startswith("CHECK ")]
+    return sorted((int(w[2]), int(w[4]), w[-1]) for w in rows)
 
 
 @pytest.fixture(scope="session")

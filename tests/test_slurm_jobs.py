@@ -19,57 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from mpi_harness import run_mpi
+from slurm_cluster import CHECK, HPCDL, VENV, checks, finished, output, submit
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
-HPCDL = [sys.executable, "-m", "hpcdl"]
-VENV = sys.prefix if sys.prefix != sys.base_prefix else ""  # jobs activate the tests' venv
 # long enough (several seconds of steps) for a signal to land mid-run
 TRAIN = ["hpcdl", "train", "--data", "digits", "--hidden", "1024,1024", "--epochs", "8",
          "--global-batch", "16", "--base-lr", "0.02", "--seed", "1"]
-# each rank: an all-reduce of rank- and position-dependent data by hpcdl and by mpi4py
-CHECK = r"""
-import os, sys, numpy as np
-from mpi4py import MPI
-from hpcdl import comm
-comm.init()
-r, n = comm.rank(), comm.size()
-x = np.arange(1031, dtype=np.float64) * (r + 1) + r
-want = np.empty_like(x); MPI.COMM_WORLD.Allreduce(x, want)
-comm.allreduce(x)
-ok = "ok" if np.array_equal(x, want) else "WRONG"
-sys.stdout.write("CHECK rank %d size %d local %d slurm_localid %s %s\n"
-                 % (r, n, comm.local_rank(), os.environ.get("SLURM_LOCALID"), ok))
-"""
-
-
-def submit(cluster, cwd, template, *args, cmd):
-    """`hpcdl slurm submit TEMPLATE ARGS -- CMD` from cwd; returns the job id."""
-    r = subprocess.run(HPCDL + ["slurm", "submit", template, "--time", "00:10:00",
-                                "--set", "VENV=" + VENV, *args, "--", *cmd],
-                       capture_output=True, text=True, cwd=cwd, env=cluster.env, timeout=60)
-    if r.returncode != 0:
-        cluster.fail("hpcdl slurm submit failed: " + r.stderr)
-    return r.stdout.strip()
-
-
-def finished(cluster, job, timeout=180):
-    """Waits for job; fails unless every record completed with exit code 0."""
-    recs = cluster.wait(job, timeout)
-    for rec in recs:
-        assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), rec
-    return recs
-
-
-def output(path):
-    with open(path) as f:
-        return f.read()
-
-
-def checks(text):
-    """(rank, size, ok) of every CHECK line."""
-    rows = [l.split() for l in text.splitlines() if l.startswith("CHECK ")]
-    return sorted((int(w[2]), int(w[4]), w[-1]) for w in rows)
 
 
 @pytest.fixture(scope="module")

@@ -19,69 +19,20 @@ import pytest
 
 from hpcdl import vcluster
 from mpi_harness import REPO, mpi_env
+from vcluster_harness import (HPCDL, assert_nothing_left, cli, host_inodes, leftovers,
+                              machine_snapshot, shared_dir, skip_module_unless_possible,
+                              vexec, wait_no_leftovers)
+
+skip_module_unless_possible()
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "mpi_scripts")
 PY = sys.executable
-HPCDL = [PY, "-m", "hpcdl"]
 HOSTS = ["node1", "node2", "node3"]
 LAYOUTS = {"2x2": (4, "node1:2,node2:2"), "3x1": (3, "node1:1,node2:1,node3:1"),
            "2x1": (2, "node1:1,node2:1")}
-REQUIRED = os.environ.get("HPCDL_REQUIRE_VCLUSTER") == "1"
-
-
-def _why_not():
-    """Why this machine cannot run a vcluster, or None."""
-    if os.geteuid() != 0:
-        return "hpcdl vcluster needs root (network namespaces); run the tests as root"
-    missing = [t for t in ("ip", "tc", "nsenter", "unshare") if not shutil.which(t)]
-    if missing:
-        return "missing %s (apt-get install iproute2 util-linux)" % ", ".join(missing)
-    return None
-
-
-if _why_not():
-    if REQUIRED:
-        pytest.fail("HPCDL_REQUIRE_VCLUSTER=1 but " + _why_not(), pytrace=False)
-    pytest.skip(_why_not(), allow_module_level=True)
 
 
 # ---------------------------------------------------------------- helpers
-def cli(*args, timeout=60):
-    """`hpcdl ARGS` in this namespace; CompletedProcess, output merged."""
-    return subprocess.run(HPCDL + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout, cwd=REPO, env=mpi_env())
-
-
-def leftovers():
-    """{host: pids} of processes still running on the hosts (holders aside)."""
-    return {h: p for h, p in vcluster.processes().items() if p}
-
-
-def wait_no_leftovers(timeout=10):
-    deadline = time.time() + timeout
-    while leftovers() and time.time() < deadline:
-        time.sleep(0.2)
-    return leftovers()
-
-
-def vexec(host, cmd, timeout=90, env=None, check=False):
-    """`hpcdl vcluster exec HOST -- CMD` with a hard timeout; on timeout every
-    process on every host is killed and the test fails with the output."""
-    proc = subprocess.Popen(HPCDL + ["vcluster", "exec", host, "--"] + list(cmd),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO, env=mpi_env(env), start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        vcluster.kill_processes()
-        out, _ = proc.communicate()
-        pytest.fail("launch timed out after %ss: %s\n%s" % (timeout, cmd, out), pytrace=False)
-    if check and proc.returncode != 0:
-        pytest.fail("exit %d: %s\n%s" % (proc.returncode, cmd, out), pytrace=False)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-
-
 def hrun(layout, cmd, timeout=90, env=None, check=True):
     """`hpcdl run -n N -H LAYOUT -- CMD` started in node1; asserts that no
     process of it is left on any host afterwards."""
@@ -97,33 +48,6 @@ def said(out, word):
     return sum(l.count(word) for l in out.splitlines() if not l.startswith("hpcdl run:"))
 
 
-def namespace_inodes(pid):
-    return {kind: os.stat("/proc/%d/ns/%s" % (pid, kind)).st_ino
-            for kind in ("net", "mnt", "uts", "ipc")}
-
-
-def processes_in_namespaces(inodes):
-    """Pids of processes in any of the given namespace inodes."""
-    out = []
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if set(namespace_inodes(int(p)).values()) & inodes:
-                out.append(int(p))
-        except OSError:
-            pass
-    return out
-
-
-def machine_snapshot():
-    """What down must give back: netns names, links, /etc/hosts, mounts."""
-    return {"netns": subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                    text=True).stdout,
-            "links": sorted(re.findall(r"^\d+: ([^:@]+)", subprocess.run(
-                ["ip", "-o", "link"], capture_output=True, text=True).stdout, re.M)),
-            "etc_hosts": open("/etc/hosts").read(),
-            "mounts": sorted(l.split()[4] for l in open("/proc/self/mountinfo"))}
-
-
 @pytest.fixture(scope="module")
 def vc():
     """3 hosts x 2 slots for the module; always down at the end. Yields the
@@ -133,11 +57,7 @@ def vc():
     if r.returncode != 0:  # a failed up undoes itself; one already up is not ours
         pytest.fail("vcluster up failed:\n" + r.stdout, pytrace=False)
     try:
-        st = vcluster.status()
-        inodes = set()
-        for h in st["hosts"]:
-            inodes |= set(namespace_inodes(h["holder"]).values())
-        yield {"before": before, "inodes": inodes, "state": st}
+        yield {"before": before, "inodes": host_inodes(), "state": vcluster.status()}
     finally:
         cli("vcluster", "down")
 
@@ -246,7 +166,7 @@ def test_train_on_two_hosts_ends_like_one_host(vc, tmp_path):
     # the same run as 2 virtual nodes of one host (HPCDL_LOCAL_SIZE=1, what the
     # multi-node tests used before) and as 2 real hosts: bit-identical weights.
     # (1 host x 2 ranks as one node takes the shared-memory path: other bits.)
-    base = tmp_path_shared(tmp_path)  # a folder every host sees
+    base = shared_dir(tmp_path.name)  # a folder every host sees
     one = _train("node1:2", os.path.join(base, "one"), env={"HPCDL_LOCAL_SIZE": "1"})
     two = _train("node1:1,node2:1", os.path.join(base, "two"))
     assert one.returncode == 0 and two.returncode == 0, one.stdout + two.stdout
@@ -254,15 +174,6 @@ def test_train_on_two_hosts_ends_like_one_host(vc, tmp_path):
     assert sums[0]["params_sha256"] == sums[1]["params_sha256"], sums
     assert sums[1]["test_accuracy"] > 0.85, sums
     assert not wait_no_leftovers()
-
-
-def tmp_path_shared(tmp_path):
-    """A run folder every host sees: pytest's tmp_path is under /tmp, which is
-    node-local in a vcluster, so use a folder in the repository's build area."""
-    base = os.path.join(REPO, "build", "test_vcluster", tmp_path.name)
-    shutil.rmtree(base, ignore_errors=True)  # a previous session's run
-    os.makedirs(base)
-    return base
 
 
 def _fault(how):
@@ -276,7 +187,7 @@ def _fault(how):
 @pytest.mark.mpi
 @pytest.mark.parametrize("how", ["kill", "link"])
 def test_lost_host_ends_the_job_everywhere(vc, tmp_path, how):
-    base = tmp_path_shared(tmp_path)
+    base = shared_dir(tmp_path.name)
     # short epochs (8 steps) of synthetic data: the fault comes after the first
     cmd = HPCDL + ["train", "-n", "2", "-H", "node1:1,node2:1", "--epochs", "1000",
                    "--data", "synthetic:64:10:640", "--global-batch", "64", "--out", base]
@@ -309,6 +220,19 @@ def test_lost_host_ends_the_job_everywhere(vc, tmp_path, how):
     # mpirun names the lost host, hpcdl run its ranks
     assert re.search(r"node2", out) and "ranks by host: node1 0, node2 1" in out, out
     print("%s: job ended after %.1f s, every process gone after %.1f s" % (how, ended, gone))
+
+
+@pytest.mark.mpi
+def test_bench_header_names_hosts_link_and_shared_cores(vc):
+    # the hosts are namespaces of one machine: its cores, not a sum over hosts
+    r = vexec("node1", HPCDL + ["bench", "allreduce", "-n", "2", "-H", "node1:1,node2:1",
+                                "--min-bytes", "4K", "--max-bytes", "4K", "--algorithms",
+                                "ring,mpi4py", "--iters", "3", "--warmup", "1",
+                                "--time-budget", "0.1"], timeout=180, check=True)
+    assert "hosts 2 (node1, node2)" in r.stdout, r.stdout
+    assert "| cores %d |" % os.cpu_count() in r.stdout, r.stdout
+    assert "vcluster: the hosts are network namespaces of one machine; links unshaped " \
+           "(veth); they share its %d cores" % os.cpu_count() in r.stdout, r.stdout
 
 
 # ---------------------------------------------------------------- bad input
@@ -351,7 +275,7 @@ def test_down_leaves_nothing(vc):
     # last tests of the module: the module's cluster goes, then a shaped one
     # comes and goes, then a name that exists stops up before it makes anything
     assert cli("vcluster", "down").returncode == 0
-    assert_nothing_left(vc)
+    assert_nothing_left(vc["before"], vc["inodes"])
     r = cli("vcluster", "up", "--hosts", "2", "--link", "100mbit")
     try:
         assert r.returncode == 0, r.stdout
@@ -361,7 +285,7 @@ def test_down_leaves_nothing(vc):
         assert 0.25 < transfer_seconds(4 << 20) < 5  # 4 MiB at 100 Mbit/s: 0.34 s
     finally:
         assert cli("vcluster", "down").returncode == 0
-    assert_nothing_left(vc)
+    assert_nothing_left(vc["before"], vc["inodes"])
     subprocess.run(["ip", "netns", "add", "node2"], check=True)
     try:
         r = cli("vcluster", "up", "--hosts", "2")
@@ -369,14 +293,7 @@ def test_down_leaves_nothing(vc):
         assert vcluster.status() is None and "hpcdl-vc0" not in machine_snapshot()["links"]
     finally:
         subprocess.run(["ip", "netns", "del", "node2"], check=True)
-    assert_nothing_left(vc)
-
-
-def assert_nothing_left(vc):
-    now = machine_snapshot()
-    assert now == vc["before"], (now, vc["before"])
-    assert vcluster.status() is None and not os.path.exists(vcluster.state_dir())
-    assert not processes_in_namespaces(vc["inodes"])
+    assert_nothing_left(vc["before"], vc["inodes"])
 
 
 def transfer_seconds(nbytes):
@@ -399,6 +316,26 @@ def transfer_seconds(nbytes):
     return float(r.stdout.split("SECONDS")[1])
 
 
+def test_two_ups_at_once_build_one_cluster(vc):
+    # the state file is the lock: of two concurrent ups one builds, the other
+    # says a vcluster is up (or being made) and touches nothing
+    before = machine_snapshot()
+    procs = [subprocess.Popen(HPCDL + ["vcluster", "up", "--hosts", "2"], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        codes = sorted(p.returncode for p in procs)
+        assert codes == [0, 2], outs
+        assert any("a vcluster is already up" in o for o in outs), outs
+        st = vcluster.status()
+        assert [h["name"] for h in st["hosts"]] == ["node1", "node2"]
+        assert all(h["alive"] for h in st["hosts"]), st
+    finally:
+        assert cli("vcluster", "down").returncode == 0
+    assert_nothing_left(before, vc["inodes"])
+
+
 def test_failed_up_leaves_nothing(vc, monkeypatch):
     # a step that fails half-way (here: shaping the first host's link, after
     # the bridge, a namespace and a link exist) undoes everything made so far
@@ -408,4 +345,4 @@ def test_failed_up_leaves_nothing(vc, monkeypatch):
     with pytest.raises(vcluster.VclusterError, match="up failed and was undone: tc broke on "
                                                      "node1"):
         vcluster.up(2, link="1gbit")
-    assert_nothing_left(vc)
+    assert_nothing_left(vc["before"], vc["inodes"])

@@ -150,10 +150,12 @@ def describe_job(mpi):
     for host, cores in per_rank:
         hosts.setdefault(host, [0, cores])[0] += 1
     library = MPI.Get_library_version().strip().splitlines()[0].split(",")[0].strip()
+    shared = net_floor.machine_cores()  # vcluster hosts share one machine's cores
     return {"ranks": mpi.size, "hosts": sorted(hosts), "load_avg_1min": os.getloadavg()[0],
-            "cores": sum(c for _, c in hosts.values()),
-            "oversubscribed": any(r > c for r, c in hosts.values()),
-            "mpi_library": library}
+            "cores": shared or sum(c for _, c in hosts.values()),
+            "oversubscribed": mpi.size > shared if shared else
+            any(r > c for r, c in hosts.values()),
+            "mpi_library": library, "vcluster": net_floor.vcluster_line()}
 
 
 def code_version():
@@ -356,7 +358,8 @@ def job_lines(job):
             % (job["ranks"], hosts, job["mpi_library"], job["cores"],
                "YES" if job["oversubscribed"] else "no"),
             "#  load average (1 min) at start: %.2f (other processes on these cores make "
-            "times noisy)" % job["load_avg_1min"]]
+            "times noisy)" % job["load_avg_1min"]] + (
+                ["#  " + job["vcluster"]] if job.get("vcluster") else [])
 
 
 def print_header(world, job, opts, sizes, impls, copy_bw, notes):

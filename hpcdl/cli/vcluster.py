@@ -2,8 +2,9 @@
 hosts with their own network stacks (hpcdl/vcluster), so that multi-node runs
 cross a real network. Needs root (namespaces, links, mounts).
 
-    hpcdl vcluster up --hosts 2 --slots 2 --link 1gbit
+    hpcdl vcluster up --hosts 2 --slots 2 --link 1gbit [--slurm]
     hpcdl vcluster exec node1 -- hpcdl run -H node1:2,node2:2 -- python train.py
+    hpcdl vcluster exec node1 -- sbatch --nodes 2 job.sbatch      (with --slurm)
     hpcdl vcluster status
     hpcdl vcluster down
 """
@@ -23,7 +24,7 @@ def _need_root():
 def _up(args):
     _need_root()
     try:
-        st = vcluster.up(args.hosts, slots=args.slots, link=args.link)
+        st = vcluster.up(args.hosts, slots=args.slots, link=args.link, with_slurm=args.slurm)
     except vcluster.VclusterError as e:
         raise UsageError(str(e))
     print("vcluster up: %s on %s%s, %d slot(s) each"
@@ -31,6 +32,13 @@ def _up(args):
              st["subnet"], ", links shaped to " + st["link"] if st["link"] else "",
              st["slots"]))
     first = st["hosts"][0]["name"]
+    if st.get("slurm"):
+        print("Slurm: slurmctld on %s, one slurmd per host (%d CPUs each), all %d idle; "
+              "SLURM_CONF=%s (exec sets it)" % (st["slurm"]["controller"], st["slots"],
+                                                len(st["hosts"]), st["slurm"]["conf"]))
+        print("next: hpcdl vcluster exec %s -- sinfo   (or sbatch, srun --mpi=pmix, scontrol; "
+              "hpcdl vcluster down when done)" % first)
+        return 0
     print("next: hpcdl vcluster exec %s -- hpcdl run -H %s -- CMD ...   (hpcdl vcluster "
           "down when done)" % (first, ",".join("%s:%d" % (h["name"], st["slots"])
                                                 for h in st["hosts"])))
@@ -64,7 +72,12 @@ def _status(args):
                                       else "GONE", h["processes"]))
     print("MPI: Open MPI's launch agent %s (set by `exec`); hostfile %s"
           % (vcluster.state.path("agent"), vcluster.state.path("hostfile")))
-    return 0 if all(h["alive"] for h in st["hosts"]) else 1
+    if st.get("slurm"):
+        print("Slurm: %s; SLURM_CONF=%s (set by `exec`)" % (", ".join(
+            "%s@%s %s" % (d["name"], d["host"], d["pid"] if d["alive"] else "GONE")
+            for d in st["daemons"]), st["slurm"]["conf"]))
+    alive = [h["alive"] for h in st["hosts"]] + [d["alive"] for d in st["daemons"]]
+    return 0 if all(alive) else 1
 
 
 def _down(args):
@@ -99,6 +112,10 @@ def register(sub):
     u.add_argument("--link", metavar="RATE", default=None,
                    help="shape every host's link to RATE each way (tc units: 500mbit, "
                         "1gbit, 10gbit); default: unshaped")
+    u.add_argument("--slurm", action="store_true",
+                   help="also start Slurm: munged and slurmctld on node1, one slurmd per "
+                        "host (NodeName=nodeK, CPUs = --slots); sbatch, srun --mpi=pmix and "
+                        "scontrol then work through exec on every host")
     u.set_defaults(func=_up)
     e = sub2.add_parser("exec", help="run a command on a host",
                         description="Run CMD inside HOST (its network, hostname, /tmp, "
@@ -114,8 +131,9 @@ def register(sub):
                    help="the command and its arguments")
     e.set_defaults(func=_exec)
     s = sub2.add_parser("status", help="show the hosts (exit 1 when none is up)",
-                        description="Hosts, addresses, link rate and processes per host; "
-                                    "exit 0 when up and every host runs, else 1.")
+                        description="Hosts, addresses, link rate and processes per host, "
+                                    "and the Slurm daemons; exit 0 when up and every host "
+                                    "(and daemon) runs, else 1.")
     s.set_defaults(func=_status)
     d = sub2.add_parser("down", help="remove everything up made",
                         description="Stop every process on the hosts, remove their "

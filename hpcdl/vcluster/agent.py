@@ -15,7 +15,7 @@ On a real cluster the same commands run with ssh as the agent (or srun)."""
 import os
 import shlex
 
-from . import net, state
+from . import net, slurm, state
 
 AGENT_NAME = "agent"
 
@@ -65,11 +65,12 @@ def mpi_env(agent):
 def host_env(st, host, base=None):
     """The environment of a command run in host: the caller's, plus the MPI
     parameters it does not set itself, plus HPCDL_VCLUSTER (the state folder)
-    and HPCDL_VCLUSTER_HOST."""
+    and HPCDL_VCLUSTER_HOST, and SLURM_CONF when up made Slurm."""
     env = dict(os.environ if base is None else base)
     env.pop("HOSTNAME", None)  # the caller's; the host's own comes from uname
     for key, value in mpi_env(state.path(AGENT_NAME)).items():
         env.setdefault(key, value)  # the caller's own settings win (a test, a tuning)
+    env.update(slurm.env(st))  # this cluster's Slurm, not one the caller knew
     env["HPCDL_VCLUSTER"] = state.state_dir()
     env["HPCDL_VCLUSTER_HOST"] = host
     if st.get("link"):

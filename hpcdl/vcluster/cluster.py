@@ -10,43 +10,51 @@ files; undoing what is already gone is fine."""
 import os
 import shutil
 
-from . import agent, hostns, net, state
+from . import agent, hostns, net, slurm, state
 from .errors import VclusterError
 
 HOSTFILE = "hostfile"
 
 
-def up(n_hosts, slots=1, link=None):
-    """Brings up hosts node1..nodeN; returns the state. VclusterError (one line)
-    on bad input, when one is up, or when a step fails (then nothing is left)."""
+def up(n_hosts, slots=1, link=None, with_slurm=False):
+    """Brings up hosts node1..nodeN (and Slurm over them if with_slurm);
+    returns the state. VclusterError (one line) on bad input, when one is up
+    or being made, or when a step fails (then nothing is left)."""
     if not 1 <= n_hosts <= net.MAX_HOSTS:
         raise VclusterError("--hosts must be 1 to %d (got %d)" % (net.MAX_HOSTS, n_hosts))
     if slots < 1:
         raise VclusterError("--slots must be at least 1 (got %d)" % slots)
     try:
         bits = net.parse_rate(link) if link else None
-        names = [net.host_name(k) for k in range(1, n_hosts + 1)]
-        if state.load() is not None:
-            raise VclusterError(_already_up(state.load()))
-        net.check_free(names)
     except net.NetError as e:
         raise VclusterError(str(e))
+    names = [net.host_name(k) for k in range(1, n_hosts + 1)]
     made_dir = not os.path.isdir(state.state_dir())
     st = {"hosts": [], "slots": slots, "link": link, "link_bits": bits,
           "subnet": net.SUBNET, "made_dir": made_dir, "made": []}
-    state.save(st)
+    # the state file is the lock: claimed (atomically) before the names are
+    # checked, so of two ups at once the second stops here and touches nothing
+    if not state.claim(st):
+        raise VclusterError(_already_up(state.load() or st))
+    try:
+        net.check_free(names)
+    except net.NetError as e:
+        _undo(st)  # nothing made yet: gives the claim back
+        raise VclusterError(str(e))
     try:
         _make(st, names, bits)
+        if with_slurm:
+            slurm.start(st)
     except BaseException as e:
         _undo(st)
-        if isinstance(e, (net.NetError, hostns.HostError, OSError)):
+        if isinstance(e, (net.NetError, hostns.HostError, slurm.SlurmError, OSError)):
             raise VclusterError("up failed and was undone: %s" % e)
         raise
     return st
 
 
 def _already_up(st):
-    names = ", ".join(h["name"] for h in st["hosts"]) or "being made or half-made"
+    names = ", ".join(h["name"] for h in st["hosts"]) or "being made now, or half-made"
     return "a vcluster is already up (%s); use it, or `hpcdl vcluster down` first" % names
 
 
@@ -138,26 +146,34 @@ def _inside_state_dir(path):
 # ---------------------------------------------------------------- status
 def status():
     """None when down, else the state with, per host, 'alive' (its holder runs)
-    and 'processes' (how many other processes run in it)."""
+    and 'processes' (how many other processes run in it, daemons aside), and
+    'daemons': the Slurm daemons, each with 'alive'."""
     st = state.load()
     if st is None:
         return None
+    daemons = slurm.daemon_pids(st)
     for h in st["hosts"]:
         h["alive"] = hostns.holder_alive(h["name"], h["holder"])
-        h["processes"] = len(hostns.processes_in(h["name"], skip=(h["holder"],)))
+        h["processes"] = len(hostns.processes_in(h["name"], skip=(h["holder"],)
+                                                 + tuple(daemons)))
+    st["daemons"] = [dict(m, alive=hostns.runs_in(m["host"], m["pid"])) for m in st["made"]
+                     if m["kind"] == "daemon"]
     return st
 
 
 def processes():
-    """{host: pids} of the processes running on each host, holders aside
-    (for tests and tools that check a job left nothing behind); {} when down."""
-    st = state.load() or {"hosts": []}
-    return {h["name"]: hostns.processes_in(h["name"], skip=(h["holder"],))
+    """{host: pids} of the processes running on each host, holders and Slurm
+    daemons aside (for tests and tools that check a job left nothing
+    behind); {} when down."""
+    st = state.load() or {"hosts": [], "made": []}
+    daemons = tuple(slurm.daemon_pids(st))
+    return {h["name"]: hostns.processes_in(h["name"], skip=(h["holder"],) + daemons)
             for h in st["hosts"]}
 
 
 def kill_processes(host=None):
-    """Kills every process on host (every host when None), holders aside."""
+    """Kills every process on host (every host when None), holders and Slurm
+    daemons aside (a job's own processes, slurmstepd included, go)."""
     for name, pids in processes().items():
         if host in (None, name):
             hostns.kill_pids(pids, grace_s=0)

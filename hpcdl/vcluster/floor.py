@@ -7,7 +7,9 @@ add in shared memory), so no algorithm beats
     floor = 2(H-1)/H * M * 8 / R   seconds.
 
 Known only inside a vcluster with shaped links (exec sets HPCDL_VCLUSTER_LINK);
-elsewhere (one host, unshaped veth, a real cluster) callers keep their own."""
+elsewhere (one host, unshaped veth, a real cluster) callers keep their own.
+Also what a benchmark header says inside any vcluster: the link rate, and the
+machine's cores counted once (the hosts share them; a sum per host overstates)."""
 import os
 
 from .net import NetError, parse_rate
@@ -35,6 +37,23 @@ def header_line(hosts):
     if network_floor_us(1, hosts) is None:
         return None
     return ("floor across these %d hosts = the network floor 2(H-1)/H*size / link rate "
-            "(links shaped to %s each way by hpcdl vcluster), not the memory floor; the "
-            "hosts share this machine's %d cores (and TCP's CPU cost)"
-            % (hosts, os.environ["HPCDL_VCLUSTER_LINK"], os.cpu_count() or 1))
+            "(links shaped to %s each way by hpcdl vcluster), not the memory floor"
+            % (hosts, os.environ["HPCDL_VCLUSTER_LINK"]))
+
+
+def machine_cores():
+    """Inside a vcluster (exec sets HPCDL_VCLUSTER) every host is a namespace
+    of this one machine, so all hosts share its cores: their count, not a sum
+    over hosts. None outside a vcluster."""
+    return (os.cpu_count() or 1) if os.environ.get("HPCDL_VCLUSTER") else None
+
+
+def vcluster_line():
+    """A benchmark header's line on where the hosts are (None outside a vcluster)."""
+    if machine_cores() is None:
+        return None
+    link = os.environ.get("HPCDL_VCLUSTER_LINK")
+    return ("vcluster: the hosts are network namespaces of one machine; links %s; they "
+            "share its %d cores (and TCP's CPU cost)"
+            % ("shaped to %s each way (tbf)" % link if link else "unshaped (veth)",
+               machine_cores()))

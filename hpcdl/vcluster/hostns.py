@@ -6,9 +6,10 @@ holder mounts the host's own /etc/hosts, /dev/shm (a fresh tmpfs) and /tmp
 the holder's namespaces through enter_argv (nsenter), so all processes of one
 host share /dev/shm and System V IPC, as MPI's shared memory needs."""
 import os
-import signal
 import subprocess
 import time
+
+from ..utils.procs import kill_pids, running as _running  # noqa: F401 (cluster: kill_pids)
 
 READY_TIMEOUT_S = 15
 
@@ -80,10 +81,16 @@ def _pid_netns_inode(pid):
         return None
 
 
-def holder_alive(host, pid):
-    """True if pid is still the holder of host (not a recycled pid)."""
+def runs_in(host, pid):
+    """True if pid runs in host's network namespace (so it is not a pid
+    recycled by some other process since it was recorded)."""
     ino = netns_inode(host)
-    return ino is not None and _pid_netns_inode(pid) == ino
+    return ino is not None and _pid_netns_inode(pid) == ino and _running(pid)
+
+
+def holder_alive(host, pid):
+    """True if pid is still the holder of host."""
+    return runs_in(host, pid)
 
 
 def processes_in(host, skip=()):
@@ -94,38 +101,6 @@ def processes_in(host, skip=()):
     pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     return [p for p in pids if p not in skip and p != os.getpid()
             and _pid_netns_inode(p) == ino]
-
-
-def kill_pids(pids, grace_s=3.0):
-    """SIGTERM, then SIGKILL after grace_s to what is left; waits until gone
-    (a zombie whose parent is gone counts as gone)."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        for p in pids:
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + wait
-        while time.time() < deadline:
-            pids = [p for p in pids if _running(p)]
-            if not pids:
-                return
-            time.sleep(0.05)
-
-
-def _running(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    if state == "Z":
-        try:  # our own child: reap it
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        return False
-    return True
 
 
 def enter_argv(holder_pid):

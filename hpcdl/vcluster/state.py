@@ -37,6 +37,24 @@ def save(st):
     os.replace(tmp, path(STATE_FILE))
 
 
+def claim(st):
+    """Writes the first state of an `up` only if there is none, atomically
+    (a hard link fails when the name exists): of two `up`s started at once,
+    one claims the state and builds, the other gets False and makes nothing.
+    The state file is the lock: it stays until down."""
+    os.makedirs(state_dir(), exist_ok=True)
+    tmp = path("%s.%d.tmp" % (STATE_FILE, os.getpid()))
+    with open(tmp, "w") as f:
+        json.dump(st, f, indent=1)
+    try:
+        os.link(tmp, path(STATE_FILE))
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+
+
 def record(st, kind, **what):
     """Appends one made thing ({'kind': kind, ...}) and saves: called BEFORE
     the thing is made, so a crash in between leaves a record that down can
