@@ -13,7 +13,8 @@ TUTORIALS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "tuto
 
 # rank counts each tutorial runs with in CI (default: 2 and 4); the
 # large-batch study trains four models and says "run it with 4 ranks"
-RANKS = {"05_large_batch.py": (4,), "06_slurm.py": ()}  # 06: test_slurm_tutorial
+RANKS = {"05_large_batch.py": (4,), "06_slurm.py": (),  # 06: test_slurm_tutorial
+         "08_multinode.py": ()}  # 08: test_multinode_tutorial (one process, root)
 TIMEOUT = {"05_large_batch.py": 240}
 
 
@@ -67,3 +68,19 @@ def test_slurm_tutorial_submits_a_real_job(slurm_cluster):
                        env=slurm_cluster.env)
     assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout + r.stderr
     assert "COMPLETED" in r.stdout and "step 4 skipped" not in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+def test_multinode_tutorial_runs_a_two_host_slurm_job():
+    # one process as root: it brings up its own vcluster with Slurm, and downs it
+    import subprocess
+    import sys
+    from vcluster_harness import REQUIRED, why_not
+    if why_not():
+        if REQUIRED:
+            pytest.fail("HPCDL_REQUIRE_VCLUSTER=1 but " + why_not(), pytrace=False)
+        pytest.skip(why_not())
+    path = [p for p in TUTORIALS if os.path.basename(p) == "08_multinode.py"][0]
+    r = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout + r.stderr
+    assert "job 1 COMPLETED" in r.stdout and "vcluster down:" in r.stdout, r.stdout
