@@ -32,6 +32,7 @@ class LARC(OptimizerWrapper):
     in the distributed optimizer, not the reverse:
         opt = hpcdl.torch.DistributedOptimizer(LARC(torch.optim.SGD(...)), ...)
     """
+    layer_norms = None  # as LARS's: whole-layer norms of ZeRO's pieces
 
     def __init__(self, optimizer, trust_coefficient=0.02, clip=True, eps=1e-8):
         if hasattr(optimizer, "synchronize"):
@@ -51,7 +52,8 @@ class LARC(OptimizerWrapper):
         for p in group["params"]:
             if p.grad is None:
                 continue
-            ratio, valid = layer_ratio(p, p.grad, wd, self.trust_coefficient, self.eps)
+            norms = self.layer_norms(p) if self.layer_norms else None
+            ratio, valid = layer_ratio(p, p.grad, wd, self.trust_coefficient, self.eps, norms)
             if self.clip:  # effective lr = lr * factor = min(lr, local_lr)
                 factor = (ratio / lr).clamp(max=1.0) if lr > 0 else torch.ones_like(ratio)
             else:

@@ -19,19 +19,22 @@ import torch
 from ._checks import check_number
 
 
-def layer_ratio(w, g, weight_decay, trust_coefficient, eps):
+def layer_ratio(w, g, weight_decay, trust_coefficient, eps, norms=None):
     """(ratio, valid) for one tensor as 0-d tensors on w's device (no host
     sync): ratio = trust * ||w|| / (||g|| + wd * ||w|| + eps); valid is False
     when ||w|| or ||g|| is 0, where callers use 1 instead (a freshly zeroed
-    layer or a gradient-free step must still move by plain SGD)."""
-    w_norm, g_norm = torch.linalg.vector_norm(w), torch.linalg.vector_norm(g)
+    layer or a gradient-free step must still move by plain SGD). norms:
+    (||w||, ||g||) of the whole layer when w is only a piece of it (ZeRO)."""
+    if norms is None:
+        norms = torch.linalg.vector_norm(w), torch.linalg.vector_norm(g)
+    w_norm, g_norm = norms
     ratio = trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps)
     return ratio, (w_norm > 0) & (g_norm > 0)
 
 
-def trust_ratio(w, g, weight_decay, trust_coefficient, eps):
+def trust_ratio(w, g, weight_decay, trust_coefficient, eps, norms=None):
     """LARS's local_lr of one tensor: the ratio, or 1 where it is not valid."""
-    ratio, valid = layer_ratio(w, g, weight_decay, trust_coefficient, eps)
+    ratio, valid = layer_ratio(w, g, weight_decay, trust_coefficient, eps, norms)
     return torch.where(valid, ratio, torch.ones_like(ratio))
 
 
@@ -46,6 +49,9 @@ class LARS(torch.optim.Optimizer):
     ["momentum_buffer"], so state_dict() / load_state_dict() resume exactly,
     and torch LR schedulers drive group["lr"] as for torch.optim.SGD.
     """
+    # p -> (||w||, ||g||) of p's whole layer, set by hpcdl.torch.zero while a
+    # step runs on pieces of layers split across ranks; None: p is the layer
+    layer_norms = None
 
     def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, trust_coefficient=0.001,
                  eps=1e-8, nesterov=False):
@@ -84,8 +90,9 @@ class LARS(torch.optim.Optimizer):
         if g.is_sparse:
             raise RuntimeError("LARS does not support sparse gradients")
         if group["lars_adaptation"]:
+            norms = self.layer_norms(p) if self.layer_norms else None
             scale = group["lr"] * trust_ratio(p, g, wd, group["trust_coefficient"],
-                                              group["eps"])
+                                              group["eps"], norms)
         else:
             scale = torch.as_tensor(group["lr"], dtype=p.dtype, device=p.device)
         update = g.add(p, alpha=wd) if wd != 0 else g.clone()

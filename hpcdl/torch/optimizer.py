@@ -15,6 +15,8 @@ When things happen:
   * step() (or synchronize()) submits buckets whose parameters got no gradient
     (as zeros), waits for every bucket, undoes compression and scaling in
     place, then calls the wrapped optimizer's step().
+  * zero_stage=1|2 shards the optimizer state (and at 2 the gradients) over
+    the ranks: zero/sharding.py, docs/zero.md.
 """
 import contextlib
 import os
@@ -26,6 +28,7 @@ from .. import comm
 from ..optim.wrapper import OptimizerWrapper
 from ..trace import timeline as _timeline
 from .compression import compress
+from . import zero as _zero
 
 FIRST_BUCKET_BYTES = 1 << 20
 
@@ -52,20 +55,28 @@ def _bucket_buffer(numel, dtype, device, on):
 class _Bucket:
     """Parameters fused into one flat buffer and one all-reduce."""
 
-    def __init__(self, index, params, names, on):
+    def __init__(self, index, params, names, on, lazy=False):
         self.index, self.params, self.names = index, params, names
-        dtype, device = params[0].dtype, params[0].device
         self.numel = sum(p.numel() for p in params)
-        self.buffer = _bucket_buffer(self.numel, dtype, device, on)
-        self.views, offset = [], 0
-        for p in params:
-            self.views.append(self.buffer[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        self.buffer, self.views = None, []
+        if not lazy:  # lazy (ZeRO stage 2): allocated per step, freed once reduced
+            self.allocate(on)
         self.ready = 0        # parameters whose gradient is complete this step
         self.handle = None    # comm.Handle while in flight
         self.ctx = None       # compression context
         self.sent = None      # the (possibly compressed) tensor in flight
         self.t_ready = self.t_submit = self.t_submitted = 0.0
+
+    def allocate(self, on=None):
+        dtype, device = self.params[0].dtype, self.params[0].device
+        self.buffer = _bucket_buffer(self.numel, dtype, device, on)
+        self.views, offset = [], 0
+        for p in self.params:
+            self.views.append(self.buffer[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    def release(self):
+        self.buffer, self.views = None, []
 
 
 class DistributedOptimizer(OptimizerWrapper):
@@ -79,7 +90,14 @@ class DistributedOptimizer(OptimizerWrapper):
     and are handed back to the wrapped optimizer sparse, whether or not
     sparse_as_dense is set (the same numbers as Horovod's all-gather of
     indices and values); they are recognised when .grad is None before
-    backward (zero_grad()'s default)."""
+    backward (zero_grad()'s default).
+
+    zero_stage: 0 (default) every rank holds all optimizer state; 1 each
+    rank keeps the state of its 1/N of every bucket, updates that part and
+    the parameters are all-gathered; 2 also the gradients are
+    reduce-scattered, p.grad is None after backward (docs/zero.md). At 1 and
+    2, state_dict() is collective (call it on every rank) and returns the
+    unsharded optimizer's dict; clip_grad_norm_() clips across shards."""
 
     def __new__(cls, optimizer, named_parameters=None, compression=None,
                 backward_passes_per_step=1, op="average", *args, **kwargs):
@@ -97,7 +115,8 @@ class DistributedOptimizer(OptimizerWrapper):
 
     def __init__(self, optimizer, named_parameters=None, compression=None,
                  backward_passes_per_step=1, op="average", gradient_predivide_factor=1.0,
-                 num_groups=0, groups=None, sparse_as_dense=False, process_set=None):
+                 num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
+                 zero_stage=0):
         from .compression import Compression
         from ._basics import comm_op
         from .process_sets import global_process_set
@@ -105,6 +124,7 @@ class DistributedOptimizer(OptimizerWrapper):
             warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
                           "removed in v0.23.0.", DeprecationWarning)
             groups = int(num_groups)
+        self.zero_stage = _zero.check_stage(zero_stage)
         self.process_set = process_set if process_set is not None else global_process_set
         self.sparse_as_dense = bool(sparse_as_dense)
         self._sparse = set()  # parameters whose gradients came sparse
@@ -127,8 +147,10 @@ class DistributedOptimizer(OptimizerWrapper):
         if self._comm is not None:
             _check_same_plan(plan, self._comm)
         shared_on = self._comm if self.process_set.process_set_id == 0 else None
-        self._buckets = [_Bucket(i, g, [self._names[p] for p in g], shared_on)
-                         for i, g in enumerate(plan)]
+        if self.zero_stage == 2:  # not in node-shared memory: those buffers are never freed
+            shared_on = None
+        self._buckets = [_Bucket(i, g, [self._names[p] for p in g], shared_on,
+                                 lazy=self.zero_stage == 2) for i, g in enumerate(plan)]
         self._bucket_of = {p: (b, i) for b in self._buckets for i, p in enumerate(b.params)}
         self._passes = {p: 0 for p in params}
         self._next_submit = 0
@@ -139,12 +161,20 @@ class DistributedOptimizer(OptimizerWrapper):
         for b in self._buckets:
             for p, v in zip(b.params, b.views):
                 p.grad = v
+        self._zero = None
+        if self.zero_stage and self._comm is not None:
+            self._zero = _zero.Sharding(self, self.zero_stage)
 
     # ------------------------------------------------------------ backward side
     def _hook(self, p):
         if self._t_backward is None:
             self._t_backward = comm.wtime()
         b, i = self._bucket_of[p]
+        if b.buffer is None:  # ZeRO stage 2: the first gradient of the bucket this step
+            b.allocate()
+        if self._zero is not None and p.grad.is_sparse:
+            raise RuntimeError("zero_stage=%d does not support sparse gradients (%s); use "
+                               "zero_stage=0" % (self.zero_stage, self._names[p]))
         if p.grad is not b.views[i]:  # first pass since zero_grad(): into the bucket
             if p.grad.is_sparse:
                 self._sparse.add(p)
@@ -178,6 +208,8 @@ class DistributedOptimizer(OptimizerWrapper):
 
     def _submit(self, b):
         b.t_submit = comm.wtime()
+        if b.buffer is None:  # ZeRO stage 2: no gradient in this bucket at all
+            b.allocate()
         if b.ready < len(b.params):  # sent by synchronize(), not by its last hook
             b.t_ready = b.t_submit
             for p, v in zip(b.params, b.views):
@@ -188,7 +220,11 @@ class DistributedOptimizer(OptimizerWrapper):
         if self._predivide != 1.0:
             t.mul_(1.0 / self._predivide)
         b.sent, b.ctx = compress(self._compression, t, "bucket.%d" % b.index)
-        b.handle = self._comm.allreduce_async(b.sent, op=self._op, name="bucket.%d" % b.index)
+        if self.zero_stage == 2:
+            b.handle = self._zero.start_reduce(b, b.sent)
+        else:
+            b.handle = self._comm.allreduce_async(b.sent, op=self._op,
+                                                  name="bucket.%d" % b.index)
         b.t_submitted = comm.wtime()
 
     # ------------------------------------------------------------- step side
@@ -208,11 +244,10 @@ class DistributedOptimizer(OptimizerWrapper):
             t_wait = comm.wtime()
             b.handle.wait()
             t_done = comm.wtime()
-            out = self._compression.decompress(b.sent, b.ctx)
-            if out is not b.buffer:
-                b.buffer.copy_(out)
-            if self._predivide != 1.0:
-                b.buffer.mul_(self._predivide)
+            if self.zero_stage == 2:
+                self._zero.finish_reduce(b, b.ctx, self._predivide)
+            else:
+                self._unpack(b)
             if tl is not None:
                 row = "bucket.%d" % b.index
                 tl.span(row, "pack", b.t_ready, b.t_submitted, params=len(b.params))
@@ -230,6 +265,15 @@ class DistributedOptimizer(OptimizerWrapper):
         self._next_submit = 0
         self._t_backward = None
         self._synchronized = True
+        if self._zero is not None:
+            self._zero.attach_grads()
+
+    def _unpack(self, b):
+        out = self._compression.decompress(b.sent, b.ctx)
+        if out is not b.buffer:
+            b.buffer.copy_(out)
+        if self._predivide != 1.0:
+            b.buffer.mul_(self._predivide)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -257,7 +301,41 @@ class DistributedOptimizer(OptimizerWrapper):
                               "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
+        if self._zero is not None:
+            return self._zero.step(closure)
         return self._opt.step(closure)
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """Clips the averaged gradients by their global norm, as
+        torch.nn.utils.clip_grad_norm_ over the whole model: call it after
+        synchronize(), then step() inside skip_synchronize(). At zero_stage 2
+        the norm is summed over every rank's gradient shard (collective)."""
+        if self.zero_stage == 2:
+            grads = [t.grad for t in self._zero.pieces() if t.grad is not None]
+            return _zero.norms.clip_pieces_(grads, max_norm, norm_type, self._comm)
+        params = [p for g in self.param_groups for p in g["params"]] if not self._zero \
+            else list(self._passes)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+
+    def local_parameters(self):
+        """The tensors whose .grad this rank steps from after synchronize():
+        the parameters (stages 0, 1) or this rank's pieces of them (stage 2).
+        For checks on the averaged gradients (loss-scale overflow, unscaling)."""
+        if self.zero_stage == 2:
+            return self._zero.pieces()
+        return list(self._passes) if self._zero is not None else \
+            [p for g in self.param_groups for p in g["params"]]
+
+    def state_dict(self):
+        if self._zero is not None:  # collective: the pieces of every rank, joined
+            return self._zero.state_dict()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict):
+        if self._zero is None:
+            return super().load_state_dict(state_dict)
+        self._zero.load_state_dict(state_dict)  # an unsharded dict; this rank keeps its part
+        self.param_groups, self.state = self._opt.param_groups, self._opt.state
 
     def zero_grad(self, set_to_none=True):
         """Resets the gradients; refuses between backward and step. With
@@ -274,7 +352,7 @@ class DistributedOptimizer(OptimizerWrapper):
         if self._comm is None:  # outside the process set: a plain optimizer
             return self._opt.zero_grad(set_to_none=set_to_none)
         for b in self._buckets:
-            if not set_to_none:
+            if not set_to_none and b.buffer is not None:
                 b.buffer.zero_()
             for p, v in zip(b.params, b.views):
                 p.grad = None if set_to_none else v
