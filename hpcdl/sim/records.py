@@ -151,6 +151,8 @@ def table(rows):
             out.append(" %15s %6d %5d %10.1f %8.2fs/ep %7.2fs/ep %7.2fx" % (
                 r["id"], r["gpus"], r["base_gpus"], 1e3 * r["step_s"], r["epoch_s"],
                 r["reported_epoch_s"], r["ratio"]))
+    out.append("# miss = predicted - reported efficiency in points (target: within %g); for a "
+               "time per epoch, reported / predicted" % TARGET_POINTS)
     for r in rows:
         out.append("#\n# %s: %s" % (r["id"], r["paper"]))
         out.append("#   efficiency points lost per term: " + ", ".join(
