@@ -166,6 +166,13 @@ def mpi_compile_flags(mpicc):
     return []
 
 
+def cuda_archs():
+    """HPCDL_CUDA_ARCHS, default sm_75 (T4), sm_80 (A100), sm_90 (H100/H200); PTX of
+    the newest lets later GPUs JIT it. nvcc 13 dropped sm_70 (V100): build with
+    CUDA 12 and HPCDL_CUDA_ARCHS="70;80;90" for it."""
+    return os.environ.get("HPCDL_CUDA_ARCHS", "75;80;90").split(";")
+
+
 def find_cuda():
     """(nvcc, cuda_home) or None, honouring HPCDL_WITH_CUDA=0/1."""
     want = os.environ.get("HPCDL_WITH_CUDA", "")
@@ -213,6 +220,8 @@ class BuildCore(build_ext):
         cuda = find_cuda()
         if cuda:
             ext.define_macros.append(("HPCDL_WITH_CUDA", "1"))
+            # the core names the built architectures when a GPU is not among them
+            ext.define_macros.append(("HPCDL_CUDA_ARCHS", '"%s"' % ",".join(cuda_archs())))
             ext.include_dirs.append(os.path.join(cuda[1], "include"))
             ext.extra_objects.extend(self.build_cuda(cuda[0], mpicc))
             ext.library_dirs.append(os.path.join(cuda[1], "lib64"))
@@ -226,8 +235,7 @@ class BuildCore(build_ext):
         say("nvcc gets the MPI wrapper's flags: %s" % (" ".join(mpi_flags) or "(none)"))
         objs = []
         os.makedirs(self.build_temp, exist_ok=True)
-        # sm_80 = A100, sm_90 = H100/H200; PTX of the newest lets later GPUs JIT it
-        archs = os.environ.get("HPCDL_CUDA_ARCHS", "80;90").split(";")
+        archs = cuda_archs()
         gencode = []
         for a in archs:
             gencode += ["-gencode", "arch=compute_%s,code=sm_%s" % (a, a)]

@@ -1,6 +1,8 @@
 """buffers.py - turns numpy arrays and torch tensors into what the C core
 takes (address, element count, dtype code), zero-copy, after checking dtype,
-contiguity and device. Nothing here touches MPI."""
+contiguity and device, and says where an all-reduce's buffers live (Where),
+so that the core never has to guess. Nothing here touches MPI."""
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,6 +67,39 @@ def describe(buf, what="buffer", cuda_ok=False):
         return BufferInfo(buf.data_ptr(), buf.numel(), name, device, buf)
     raise TypeError("%s must be a numpy array or a torch tensor, not %s"
                     % (what, type(buf).__name__))
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where an all-reduce's buffers live, told to the core (its hpcdl_mem):
+    device -1 for host memory (the core then makes no CUDA call at all), else
+    the GPU's index and the address of the cudaStream_t producing the data,
+    torch's current stream at the call: the core waits for the work queued on
+    it so far, not for the legacy default stream."""
+    device: int
+    stream: int
+
+
+def where(send, recv):
+    """Where for two BufferInfo; ValueError when they are on different devices."""
+    if send.device != recv.device:
+        raise ValueError("allreduce: send is on %s but recv on %s; put both on the same "
+                         "device" % (send.device, recv.device))
+    if not send.device.startswith("cuda"):
+        return Where(-1, 0)
+    import torch
+    dev = send.obj.device.index
+    return Where(dev, torch.cuda.current_stream(dev).cuda_stream)
+
+
+def device_guard(device):
+    """The core takes device buffers only on a thread whose current device is
+    theirs, and never switches a user's thread itself: torch's guard sets it
+    for the call and restores it after."""
+    if device < 0:
+        return contextlib.nullcontext()
+    import torch
+    return torch.cuda.device(device)
 
 
 def empty_like(buf, count):

@@ -58,6 +58,13 @@ class Handle:
         return self._result
 
 
+def _split_where(args):
+    """A prepared all-reduce ends with its buffers' Where: (device, stream) for the core."""
+    if args and isinstance(args[-1], buffers.Where):
+        return args[:-1], (args[-1].device, args[-1].stream)
+    return args, ()
+
+
 class Communicator:
     """hpcdl collectives over an mpi4py communicator.
 
@@ -164,7 +171,9 @@ class Communicator:
         if async_name is None:
             with self._validating(what, SIG_FIELDS.get(what, 5)):
                 args, result, keep = prep()
-            getattr(self._ctx, call)(*args)
+            args, where = _split_where(args)
+            with buffers.device_guard(where[0] if where else -1):
+                getattr(self._ctx, call)(*args, *where)
             return result
         try:
             args, result, keep = prep()
@@ -175,7 +184,9 @@ class Communicator:
                 except _core.MismatchError:
                     pass
             raise
-        h = getattr(self._ctx, call + "_async")(*args, async_name)
+        args, where = _split_where(args)
+        with buffers.device_guard(where[0] if where else -1):
+            h = getattr(self._ctx, call + "_async")(*args, async_name, *where)
         return Handle(self._ctx, h, keep, result, async_name)
 
     def allreduce(self, send, recv=None, op="sum", algorithm="auto"):
@@ -203,7 +214,8 @@ class Communicator:
         if s.count != r.count or s.dtype != r.dtype:
             raise ValueError("allreduce: send has %d %s elements but recv has %d %s"
                              % (s.count, s.dtype, r.count, r.dtype))
-        return (s.ptr, r.ptr, s.count, DTYPES[s.dtype], o, a), r.obj, (s.obj, r.obj)
+        w = buffers.where(s, r)  # the core never guesses host or device
+        return (s.ptr, r.ptr, s.count, DTYPES[s.dtype], o, a, w), r.obj, (s.obj, r.obj)
 
     def reduce_scatter(self, send, recv=None, counts=None, op="sum", algorithm="auto"):
         """Rank r receives block r of the reduced send buffer (blocks of counts[i]

@@ -49,6 +49,40 @@ int hpcdl_is_device_ptr(const void *p) {
 }
 
 // ----------------------------------------------------------------------------
+// the GPU's architecture against the kernels built (Makefile / setup.py)
+
+#ifndef HPCDL_CUDA_ARCHS
+#define HPCDL_CUDA_ARCHS "75,80,90"
+#endif
+
+// The kernels run on GPU dev: a cubin of its major version not newer than it
+// (sm_80's runs on sm_86), or PTX of the newest built (JIT for any later
+// GPU). Otherwise every launch would fail with "no kernel image": say so
+// before any rank moves data. Asked once per GPU.
+static int check_arch(int dev) {
+    static int ok[64];
+    if (dev < 64 && __atomic_load_n(&ok[dev], __ATOMIC_RELAXED)) return HPCDL_OK;
+    int maj = 0, min = 0, newest = 0, runs = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&min, cudaDevAttrComputeCapabilityMinor, dev));
+    int cc = maj * 10 + min;
+    for (const char *p = HPCDL_CUDA_ARCHS; *p;) {
+        int a = (int)strtol(p, (char **)&p, 10);
+        if (a / 10 == maj && a <= cc) runs = 1;
+        if (a > newest) newest = a;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    if (!runs && cc < newest)
+        return hpcdl_fail(HPCDL_ERR_CUDA, "GPU %d is sm_%d, and this core has no kernels for it "
+                          "(built for sm_%s, PTX of the newest). Hint: rebuild with "
+                          "HPCDL_CUDA_ARCHS=\"%d;%s\" (make -C src_c CUDA_ARCHS=...); nvcc 13 "
+                          "cannot build sm_70 (V100): use CUDA 12 for that.", dev, cc,
+                          HPCDL_CUDA_ARCHS, cc, "80;90");
+    if (dev < 64) __atomic_store_n(&ok[dev], 1, __ATOMIC_RELAXED);
+    return HPCDL_OK;
+}
+
+// ----------------------------------------------------------------------------
 // resolving
 
 // Both buffers on GPU dev (said by the caller), which is the current device.
@@ -98,6 +132,7 @@ int hpcdl_where_resolve(const void *send, const void *recv, size_t bytes,
     else HPCDL_TRY(detect(send, recv, &w->device));
     int dev = mem ? mem->device : w->device;
     if (dev < 0) return HPCDL_OK;
+    HPCDL_TRY(check_arch(dev));
     const char *conflict = hpcdl_mpi_cuda_conflict();
     if (conflict) return hpcdl_fail(HPCDL_ERR_ARG, "allreduce of device memory: %s", conflict);
     cudaStream_t producer = mem && mem->stream ? (cudaStream_t)mem->stream : cudaStreamLegacy;

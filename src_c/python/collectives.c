@@ -12,14 +12,27 @@
 // ----------------------------------------------------------------------------
 // blocking collectives
 
+// device, stream (optional, last): where the buffers live, as hpcdl.comm
+// knows it (hpcdl_mem: -1 host, else the GPU, and the producer's
+// cudaStream_t); device -2 (left out) lets the core ask CUDA.
+static const hpcdl_mem *mem_of(hpcdl_mem *m, int device, unsigned long long stream) {
+    m->device = device;
+    m->stream = hpcdl_py_ptr(stream);
+    return device == -2 ? NULL : m;
+}
+
 PyObject *hpcdl_py_allreduce(ContextObject *self, PyObject *args) {
-    unsigned long long s, r, count;
-    int d, op, algo, rc;
-    if (!PyArg_ParseTuple(args, "KKKiii", &s, &r, &count, &d, &op, &algo)) return NULL;
+    unsigned long long s, r, count, stream = 0;
+    int d, op, algo, rc, device = -2;
+    if (!PyArg_ParseTuple(args, "KKKiii|iK", &s, &r, &count, &d, &op, &algo, &device, &stream))
+        return NULL;
     hpcdl_ctx *c = hpcdl_py_ctx(self);
     if (!c) return NULL;
+    hpcdl_mem m;
+    const hpcdl_mem *mem = mem_of(&m, device, stream);
     Py_BEGIN_ALLOW_THREADS
-    rc = hpcdl_allreduce(c, hpcdl_py_ptr(s), hpcdl_py_ptr(r), (size_t)count, d, op, algo);
+    rc = hpcdl_allreduce_mem(c, hpcdl_py_ptr(s), hpcdl_py_ptr(r), (size_t)count, d, op, algo,
+                             mem);
     Py_END_ALLOW_THREADS
     if (rc != HPCDL_OK) return hpcdl_py_raise(rc, hpcdl_last_error());
     Py_RETURN_NONE;
@@ -81,11 +94,12 @@ PyObject *hpcdl_py_allreduce_array(ContextObject *self, PyObject *args) {
                             "dtype or size");
     }
     void *recv = in_place ? sv.buf : rv.buf;
+    const hpcdl_mem host = {-1, NULL}; // a buffer-protocol array: never ask CUDA
     if (sv.len < (1 << 16)) {
-        rc = hpcdl_allreduce(c, sv.buf, recv, count, d, op, algo);
+        rc = hpcdl_allreduce_mem(c, sv.buf, recv, count, d, op, algo, &host);
     } else {
         Py_BEGIN_ALLOW_THREADS
-        rc = hpcdl_allreduce(c, sv.buf, recv, count, d, op, algo);
+        rc = hpcdl_allreduce_mem(c, sv.buf, recv, count, d, op, algo, &host);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&sv);
@@ -159,14 +173,18 @@ PyObject *hpcdl_py_report_invalid(ContextObject *self, PyObject *args) {
 // asynchronous collectives: queued to the engine thread, a handle back
 
 PyObject *hpcdl_py_allreduce_async(ContextObject *self, PyObject *args) {
-    unsigned long long s, r, count;
-    int d, op, algo, rc;
+    unsigned long long s, r, count, stream = 0;
+    int d, op, algo, rc, device = -2;
     const char *name;
-    if (!PyArg_ParseTuple(args, "KKKiiis", &s, &r, &count, &d, &op, &algo, &name)) return NULL;
+    if (!PyArg_ParseTuple(args, "KKKiiis|iK", &s, &r, &count, &d, &op, &algo, &name, &device,
+                          &stream))
+        return NULL;
     hpcdl_ctx *c = hpcdl_py_ctx(self);
     if (!c) return NULL;
     hpcdl_handle h = 0;
-    rc = hpcdl_allreduce_async(c, hpcdl_py_ptr(s), hpcdl_py_ptr(r), (size_t)count, d, op, algo, name, &h);
+    hpcdl_mem m;
+    rc = hpcdl_allreduce_mem_async(c, hpcdl_py_ptr(s), hpcdl_py_ptr(r), (size_t)count, d, op,
+                                   algo, mem_of(&m, device, stream), name, &h);
     if (rc != HPCDL_OK) return hpcdl_py_raise(rc, hpcdl_last_error());
     return PyLong_FromLongLong(h);
 }

@@ -19,6 +19,8 @@
  *      pointer query that fails, the CUDA-awareness differing between ranks,
  *      HPCDL_MPI_CUDA_AWARE=1 on an MPI that says it is not CUDA-aware.
  *   3. (fake) no CUDA context on a GPU this rank did not choose.
+ *   4. (fake) a CUDA call failing midway on every rank: errors, no hang, and
+ *      the next all-reduce right; a GPU architecture the build lacks.
  *
  *   mpirun -n 2 src_c/build/fake/test_cuda_paths
  */
@@ -191,12 +193,61 @@ static void test_bad_input(hpcdl_ctx *ctx) {
     free(host);
 }
 
+#ifdef FAKE_CUDA
+// ----------------------------------------------------------------------------
+// 4. (fake) a CUDA call failing midway on every rank at the same point: an
+// error everywhere, no hang, and nothing left behind (no posted receive, no
+// queued copy into the buffer): the next all-reduce is right.
+
+static void fail_midway(hpcdl_ctx *ctx, const char *path, const char *call, int nth) {
+    size_t count = 20483, bytes = count * 4;
+    float *in = malloc(bytes);
+    char *d = NULL;
+    CUDA_OK(cudaMalloc((void **)&d, bytes));
+    for (size_t i = 0; i < count; i++) in[i] = (float)value(rank, i, HPCDL_FLOAT32, HPCDL_SUM);
+    produce(d, in, bytes);
+    fake_cuda_fail(call, nth, cudaErrorInvalidValue); // counted from here, this call only
+    hpcdl_mem mem = {my_dev, prod};
+    int rc = hpcdl_allreduce_mem(ctx, d, d, count, HPCDL_FLOAT32, HPCDL_SUM, HPCDL_ALGO_RING,
+                                 &mem);
+    fake_cuda_fail("", 0, cudaSuccess);
+    CHECK(rc == HPCDL_ERR_CUDA && strstr(hpcdl_last_error(), "Hint"), "rank %d %s: %s failing "
+          "midway gave %d: %s", rank, path, call, rc, hpcdl_last_error());
+    CUDA_OK(cudaFree(d));
+    free(in);
+    one(ctx, path, count, HPCDL_FLOAT32, HPCDL_SUM, HPCDL_ALGO_RING, 1, 0);
+    one(ctx, path, count, HPCDL_FLOAT64, HPCDL_MAX, HPCDL_ALGO_AUTO, 0, 1);
+}
+
+// Run alone (FAKE_CUDA_CC=70 set by make check-fake): a GPU the build has no
+// kernels for fails on every rank before any data moves.
+static int arch_only(void) {
+    hpcdl_ctx *ctx;
+    OK(hpcdl_ctx_create(MPI_COMM_WORLD, 0, &ctx));
+    char *dev = NULL;
+    CUDA_OK(cudaMalloc((void **)&dev, 1031 * 4));
+    expect_fail(ctx, "unsupported GPU architecture", dev, dev, my_dev, 1, "no kernels for it");
+    CUDA_OK(cudaFree(dev));
+    OK(hpcdl_ctx_destroy(ctx));
+    int total_fail = 0;
+    MPI_Allreduce(&g_failures, &total_fail, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0)
+        printf("test_cuda_paths (fake runtime, sm_%s GPU, %d ranks): %d checks per rank, %d "
+               "failed\n", getenv("FAKE_CUDA_CC"), nranks, g_checks, total_fail);
+    MPI_Finalize();
+    return total_fail != 0;
+}
+#endif
+
 // ----------------------------------------------------------------------------
 // main. With two (fake) GPUs and two ranks, each rank has a GPU it did not choose.
 
 int main(int argc, char **argv) {
     my_dev = cuda_test_start(&argc, &argv);
     CUDA_OK(cudaStreamCreateWithFlags(&prod, cudaStreamNonBlocking));
+#ifdef FAKE_CUDA
+    if (getenv("FAKE_CUDA_CC")) return arch_only();
+#endif
     setenv("HPCDL_CUDA_STAGE_BYTES", "16384", 0);  // staging: many pieces
     int aware = hpcdl_mpi_cuda_aware(), all_aware = 0;
     MPI_Allreduce(&aware, &all_aware, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -206,6 +257,7 @@ int main(int argc, char **argv) {
     setenv("HPCDL_MPI_CUDA_AWARE", "0", 1);
     run_path(ctx, "staged");
 #ifdef FAKE_CUDA
+    fail_midway(ctx, "staged", "cudaMemcpyAsync", 3); // piece 0's copy back up
     // the fake's device memory readable by MPI, as a CUDA-aware MPI reads it
     fake_cuda_set_host_visible(1);
     all_aware = 1;
@@ -214,6 +266,9 @@ int main(int argc, char **argv) {
     setenv("HPCDL_MPI_CUDA_AWARE", "1", 1);
 #endif
     if (all_aware) run_path(ctx, "gpu-direct");
+#ifdef FAKE_CUDA
+    fail_midway(ctx, "gpu-direct", "fake_cuda_launch", 1); // the ring's first reduction
+#endif
     test_bad_input(ctx);
     OK(hpcdl_ctx_destroy(ctx));
 #ifdef FAKE_CUDA

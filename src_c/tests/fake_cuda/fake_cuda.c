@@ -201,6 +201,17 @@ cudaError_t cudaGetDeviceCount(int *n) {
     return cudaSuccess;
 }
 
+// Compute capability FAKE_CUDA_CC (default 90: an H100); the rest is 0.
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int dev) {
+    ENTER();
+    if (dev < 0 || dev >= ndev) FAIL(cudaErrorInvalidDevice);
+    const char *e = getenv("FAKE_CUDA_CC");
+    int cc = e && *e ? atoi(e) : 90;
+    *v = attr == cudaDevAttrComputeCapabilityMajor ? cc / 10
+         : attr == cudaDevAttrComputeCapabilityMinor ? cc % 10 : 0;
+    return cudaSuccess;
+}
+
 cudaError_t cudaGetDevice(int *d) {
     ENTER();
     *d = cur_dev; // no context: CUDA answers 0 without making one

@@ -29,6 +29,7 @@ void *fake_cuda_backing(const void *p);
 //   FAKE_CUDA_FAIL      "name:n": the n-th call of the function `name` fails
 //                       (cudaErrorInvalidValue, or cudaErrorInsufficientDriver
 //                       for cudaGetDeviceCount / cudaPointerGetAttributes)
+//   FAKE_CUDA_CC        the GPUs' compute capability, e.g. 70 (default 90)
 //   FAKE_CUDA_HOST_VISIBLE=1  device memory the host may touch too (stands for
 //                       a CUDA-aware MPI that reads device memory itself)
 void fake_cuda_set_delay_us(long us);
