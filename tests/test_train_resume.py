@@ -37,10 +37,10 @@ def uninterrupted(tmp_path_factory):
     return _summary(out)
 
 
-def _start_then_signal(out, ckpt, signum, rank_index):
+def _start_then_signal(out, ckpt, signum, rank_index, recipe=RECIPE):
     """Starts the recipe on 2 ranks; once epoch 1 is reported, sends signum to
     one rank process. Returns (exit code, output)."""
-    line = mpirun_command(2, TRAIN + RECIPE + ["--out", str(out), "--checkpoint-dir",
+    line = mpirun_command(2, TRAIN + recipe + ["--out", str(out), "--checkpoint-dir",
                                                str(ckpt)])
     proc = subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=mpi_env(), cwd=REPO, start_new_session=True)

@@ -50,3 +50,32 @@ def test_passes_clipping_and_buckets(stage):
 def test_bad_stage_fails_on_every_rank():
     r = run_python(2, os.path.join(SCRIPTS, "zero_misuse.py"), timeout=60)
     assert r.stdout.count("MISUSE OK") == 2, r.stdout
+
+
+# ------------------------------------------------------------ hpcdl train --zero
+ZERO_RECIPE = ["--epochs", "4", "--global-batch", "64", "--optimizer", "lars", "--base-lr", "2",
+               "--warmup-epochs", "1", "--schedule", "poly", "--precision", "fp16",
+               "--hidden", "64,32", "--zero", "2"]
+
+
+@pytest.mark.mpi
+def test_train_zero_resume_matches_uninterrupted(tmp_path):
+    # SIGUSR1 after epoch 1 -> consolidated checkpoint -> --resume on the same 2
+    # ranks: the same parameters, bit for bit, as a run that never stopped
+    import signal
+    from mpi_harness import run_mpi
+    from test_train_resume import TRAIN, _start_then_signal, _summary
+    full = tmp_path / "full"
+    run_mpi(2, TRAIN + ZERO_RECIPE + ["--out", str(full)], timeout=240, check=True)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    code, text = _start_then_signal(out, ckpt, signal.SIGUSR1, 1, recipe=ZERO_RECIPE)
+    assert code == 0 and "stopped by SIGUSR1 at epoch" in text, text
+    r = run_mpi(2, TRAIN + ZERO_RECIPE + ["--out", str(out), "--checkpoint-dir", str(ckpt),
+                                          "--resume"], timeout=240, check=True)
+    assert "resumed from" in r.stdout and "ZeRO stage 2" in r.stdout, r.stdout
+    resumed, uninterrupted = _summary(out), _summary(full)
+    assert resumed["params_sha256"] == uninterrupted["params_sha256"], r.stdout
+    assert resumed["zero_stage"] == 2 and resumed["steps"] == 4 * (1437 // 64)
+    # each rank holds about half of LARS's momentum (fp32, one per parameter)
+    n_params = 64 * 64 + 64 + 64 * 32 + 32 + 32 * 10 + 10
+    assert resumed["optimizer_state_bytes"] <= 4 * n_params / 2 * 1.05, resumed

@@ -121,7 +121,10 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     momentum, betas, ...). Every rank's optimizer must have the same
     parameter groups; state tensors land on each parameter's device."""
     tensors = []
-    skeleton = _take_tensors(optimizer.state_dict(), tensors) if rank() == root_rank else None
+    # a ZeRO optimizer's state_dict() is collective (it joins every rank's shard)
+    full = optimizer.state_dict() if rank() == root_rank or getattr(
+        optimizer, "zero_stage", 0) else None
+    skeleton = _take_tensors(full, tensors) if rank() == root_rank else None
     skeleton = broadcast_object(skeleton, root_rank, name="optimizer_state.structure",
                                 process_set=process_set)
     if rank() != root_rank:

@@ -42,6 +42,7 @@ class AllReduce:
         self.device = pick_device()
         self.data_rank, self.data_ranks = comm.rank(), comm.size()
         self.opt = self.sched = self.scaler = self.compression = None
+        self.zero_stage = 0  # zero.py's strategy shards the optimizer (1, 2)
 
     # ------------------------------------------------------------ set-up
     def build(self, model, steps):
@@ -53,7 +54,8 @@ class AllReduce:
         local = build.build_optimizer(cfg, model)
         self.compression = build.build_compression(cfg.compression)
         self.opt = hvd.DistributedOptimizer(local, named_parameters=model.named_parameters(),
-                                            compression=self.compression)
+                                            compression=self.compression,
+                                            zero_stage=self.zero_stage)
         self.sched = build.build_schedule(cfg, self.opt, steps)
         self.scaler = LossScaler(agree=comm.any_rank) if cfg.precision == "fp16" else None
 
@@ -105,7 +107,7 @@ class AllReduce:
         else:  # fp16: scaled backward, averaged grads checked for overflow on every rank
             self.scaler.scale_loss(loss).backward()
             self.opt.synchronize()
-            if self.scaler.unscale_and_check(self.model.parameters()):
+            if self.scaler.unscale_and_check(self.opt.local_parameters()):
                 with self.opt.skip_synchronize():
                     self.opt.step()
         self.sched.step()

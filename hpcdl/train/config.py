@@ -24,6 +24,7 @@ SCHEDULES = ("constant", "step", "poly", "cosine")
 LR_SCALING = ("none", "linear", "sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("allreduce", "ps-bsp", "ps-asp", "ps-ssp")
+ZERO_STAGES = (0, 1, 2)
 TRAIN_MODELS = ("mlp",) + models.IMAGE_NAMES
 
 
@@ -56,6 +57,7 @@ class TrainConfig:
     mode: str = "allreduce"       # allreduce | ps-bsp | ps-asp | ps-ssp
     staleness: int = 0            # SSP bound (steps a worker may run ahead)
     ps_ranks: int = 1             # parameter-server ranks in ps-* modes
+    zero: int = 0                 # ZeRO stage (allreduce mode): 0 none, 1 optimizer state, 2 + grads
     seed: int = 0                 # weights, train/test split and per-epoch shuffles
     # where
     checkpoint_dir: str = None    # checkpoint.pt here, every checkpoint_every epochs
@@ -80,6 +82,7 @@ class TrainConfig:
         if self.base_lr <= 0:
             raise ConfigError("--base-lr is %g; give a positive learning rate" % self.base_lr)
         self._check_ps(size)
+        self._check_zero()
         _positive("--global-batch", self.global_batch)
         if self.global_batch % self._workers(size):
             raise ConfigError("global batch %d does not divide evenly by %d %s; pick a "
@@ -101,6 +104,16 @@ class TrainConfig:
         _check_compression(self.compression)
         from . import data  # names and paths of data sources
         data.check_source(self.data, self.model)
+
+    def _check_zero(self):
+        if self.zero not in ZERO_STAGES:
+            raise ConfigError("--zero %s: use 0 (unsharded), 1 (optimizer state sharded) or "
+                              "2 (optimizer state and gradients sharded)%s"
+                              % (self.zero, "; stage 3 is not implemented yet"
+                                 if self.zero == 3 else ""))
+        if self.zero and self.mode != "allreduce":
+            raise ConfigError("--zero %d needs --mode allreduce (it shards the all-reduce "
+                              "strategy's optimizer), not --mode %s" % (self.zero, self.mode))
 
     def _workers(self, size):
         return size - self.ps_ranks if self.mode.startswith("ps-") else size
