@@ -1,0 +1,161 @@
+"""gpu_allreduce_bench.py - the first measurements of hpcdl's CUDA path on a GPU
+machine; scripts/gpu-first-run.sh runs it under mpirun (one rank per GPU, or
+two ranks sharing one GPU):
+
+    mpirun -n 2 python scripts/gpu_allreduce_bench.py --out results.md
+
+1. all-reduce of CUDA tensors through hpcdl.comm, staged through host memory
+   and (when MPI is CUDA-aware) GPU-direct, float32 sum, 4 KiB to 256 MiB.
+   Correctness in the same run, outside the timed loop: rank- and
+   position-dependent integers, compared with MPI_Allreduce (mpi4py) of the
+   same data on the host. Peer row: MPI_Allreduce of host buffers of the
+   same size (what staging has to beat, minus its copies).
+   Input is produced on a side stream that is torch's current stream at the
+   call, so the ordering fix of #21 is exercised too.
+2. a synthetic training step on the GPU: an MLP on random data through
+   hpcdl.torch's DistributedOptimizer (steps/s, and whether it runs at all).
+
+Tables are nccl-tests-shaped; rank 0 writes them as markdown to --out. The
+exit status is non-zero when any result was wrong.
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import hpcdl._core as _core
+from hpcdl import comm
+
+
+def sizes(lo, hi):
+    s = lo
+    while s <= hi:
+        yield s
+        s *= 4
+
+
+def timed(fn, iters):
+    torch.cuda.synchronize()
+    MPI.COMM_WORLD.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters
+
+
+def allreduce_rows(path, args, rank, n):
+    """One row per size: (bytes, path, seconds, #wrong)."""
+    rows, dev = [], torch.cuda.current_device()
+    side = torch.cuda.Stream()
+    for nbytes in sizes(args.min_bytes, args.max_bytes):
+        count = nbytes // 4
+        host = ((np.arange(count, dtype=np.int64) * 7 + rank * 13) % 17 - 8).astype(np.float32)
+        want = np.empty_like(host)
+        MPI.COMM_WORLD.Allreduce(host, want, op=MPI.SUM)
+        with torch.cuda.stream(side):  # the producer: torch's current stream at the call
+            t = torch.from_numpy(host).to(dev, non_blocking=False).mul_(1)
+            comm.allreduce(t)
+        got = t.cpu().numpy()
+        wrong = int(np.count_nonzero(got != want))
+        buf = torch.empty(count, dtype=torch.float32, device=dev)
+        iters = max(3, min(args.iters, int(2e8 // max(nbytes, 1))))
+        sec = timed(lambda: comm.allreduce(buf), iters)
+        rows.append((nbytes, path, sec, wrong))
+    return rows
+
+
+def mpi_host_rows(args):
+    rows = []
+    for nbytes in sizes(args.min_bytes, args.max_bytes):
+        a = np.ones(nbytes // 4, dtype=np.float32)
+        b = np.empty_like(a)
+        iters = max(3, min(args.iters, int(2e8 // max(nbytes, 1))))
+        sec = timed(lambda: MPI.COMM_WORLD.Allreduce(a, b, op=MPI.SUM), iters)
+        rows.append((nbytes, "MPI_Allreduce, host", sec, 0))
+    return rows
+
+
+def table(rows, n):
+    out = ["| size | count | type | path | time (ms) | algbw (GB/s) | busbw (GB/s) | #wrong |",
+           "|---:|---:|---|---|---:|---:|---:|---:|"]
+    for nbytes, path, sec, wrong in rows:
+        algbw = nbytes / sec / 1e9
+        out.append("| %d | %d | float32 | %s | %.3f | %.2f | %.2f | %d |" % (
+            nbytes, nbytes // 4, path, sec * 1e3, algbw, algbw * 2 * (n - 1) / n, wrong))
+    return "\n".join(out)
+
+
+def train_rows(args):
+    """Synthetic training: MLP, random data on the GPU, DistributedOptimizer."""
+    import hpcdl.torch as hvd
+    hvd.init()
+    dev = torch.cuda.current_device()
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 10)).to(dev)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    x = torch.randn(args.batch, 1024, device=dev)
+    y = torch.randint(0, 10, (args.batch,), device=dev)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    for _ in range(3):
+        step()
+    sec = timed(step, args.steps)
+    params = sum(p.numel() for p in model.parameters())
+    return "| MLP %.1f M params, batch %d per rank | %.2f ms/step | %.1f steps/s |" % (
+        params / 1e6, args.batch, sec * 1e3, 1 / sec)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--min-bytes", type=int, default=4096)
+    p.add_argument("--max-bytes", type=int, default=256 << 20)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    comm.init()
+    rank, n = comm.rank(), comm.size()
+    torch.cuda.set_device(comm.local_rank() % torch.cuda.device_count())
+    aware = _core.mpi_cuda_aware()  # what the MPI says (or HPCDL_MPI_CUDA_AWARE)
+    rows = []
+    os.environ["HPCDL_MPI_CUDA_AWARE"] = "0"
+    rows += allreduce_rows("hpcdl staged", args, rank, n)
+    if aware:
+        os.environ["HPCDL_MPI_CUDA_AWARE"] = "1"
+        rows += allreduce_rows("hpcdl GPU-direct", args, rank, n)
+        os.environ["HPCDL_MPI_CUDA_AWARE"] = "0"
+    rows += mpi_host_rows(args)
+    try:
+        train = train_rows(args)
+    except Exception as e:  # the first GPU run is for finding out: say what broke
+        train = "| synthetic training failed on rank %d: %s: %s |" % (rank, type(e).__name__, e)
+    wrong = sum(r[3] for r in rows)
+    total = MPI.COMM_WORLD.allreduce(wrong)
+    if rank == 0:
+        text = "\n".join([
+            "%d ranks, %s, MPI CUDA-aware: %s, HPCDL_CUDA_STAGE_BYTES=%s" % (
+                n, torch.cuda.get_device_name(), bool(aware),
+                os.environ.get("HPCDL_CUDA_STAGE_BYTES", "8388608 (default)")),
+            "", table(rows, n), "", "| training | time | rate |", "|---|---:|---:|", train, "",
+            "Wrong results: %d %s" % (total, "OK" if total == 0 else "FAILED")])
+        print(text)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text + "\n")
+    return 0 if total == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
