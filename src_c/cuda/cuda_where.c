@@ -85,9 +85,9 @@ static int check_arch(int dev) {
 // ----------------------------------------------------------------------------
 // resolving
 
-// Both buffers on GPU dev (said by the caller), which is the current device.
+// Both buffers on GPU dev, as the caller said.
 static int confirm(const void *send, const void *recv, int dev) {
-    int ds = -1, dr = -1, cur = -1;
+    int ds = -1, dr = -1;
     int rc = query(recv, &dr);
     if (rc == HPCDL_OK && send != recv) rc = query(send, &ds);
     else ds = dr;
@@ -98,6 +98,13 @@ static int confirm(const void *send, const void *recv, int dev) {
         return hpcdl_fail(HPCDL_ERR_ARG, "allreduce: the buffers were passed as memory of GPU "
                           "%d but CUDA says send is on %d, recv on %d (-1: host). Hint: pass "
                           "the device the tensors are on.", dev, ds, dr);
+    return HPCDL_OK;
+}
+
+// The calling thread is on GPU dev: hpcdl never switches a user's thread
+// (nor, below MPI_THREAD_SERIALIZED, where the engine's work runs on it).
+static int on_device(int dev) {
+    int cur = -1;
     CUDA_CHECK(cudaGetDevice(&cur));
     if (cur != dev)
         return hpcdl_fail(HPCDL_ERR_ARG, "allreduce: the buffers are on GPU %d but this "
@@ -133,6 +140,7 @@ int hpcdl_where_resolve(const void *send, const void *recv, size_t bytes,
     int dev = mem ? mem->device : w->device;
     if (dev < 0) return HPCDL_OK;
     HPCDL_TRY(check_arch(dev));
+    HPCDL_TRY(on_device(dev));
     const char *conflict = hpcdl_mpi_cuda_conflict();
     if (conflict) return hpcdl_fail(HPCDL_ERR_ARG, "allreduce of device memory: %s", conflict);
     cudaStream_t producer = mem && mem->stream ? (cudaStream_t)mem->stream : cudaStreamLegacy;
