@@ -97,6 +97,14 @@ static void test_mismatch(hpcdl_ctx *ctx) {
                          HPCDL_SUM, HPCDL_ALGO_AUTO);
     CHECK(rc == HPCDL_ERR_MISMATCH && strstr(hpcdl_last_error(), "dtype"),
           "rank %d: dtype mismatch not reported: %s", rank, hpcdl_last_error());
+    // rank 0 says its host buffer is on GPU 0 (a CUDA tensor as hpcdl.comm
+    // passes it): an error on every rank, in any build. Without CUDA the core
+    // cannot take it; with CUDA it cannot confirm it (no GPU, or host memory).
+    hpcdl_mem mem = {rank == 0 ? 0 : -1, NULL};
+    rc = hpcdl_allreduce_mem(ctx, buf, buf, 64, HPCDL_FLOAT32, HPCDL_SUM, HPCDL_ALGO_AUTO, &mem);
+    const char *want = rank != 0 ? "valid" : hpcdl_built_with_cuda() ? "GPU 0" : "without CUDA";
+    CHECK(rc != HPCDL_OK && strstr(hpcdl_last_error(), want), "rank %d: a device buffer on "
+          "rank 0 only gave %d: %s (wanted '%s')", rank, rc, hpcdl_last_error(), want);
 }
 
 int main(int argc, char **argv) {
