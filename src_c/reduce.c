@@ -65,6 +65,9 @@ static inline uint16_t f32_to_f16(float f) {
 // ----------------------------------------------------------------------------
 // typed kernels
 
+// min / max propagate NaN whichever operand holds it (b != b only for a
+// NaN; integers fold it away), so the result does not depend on which rank
+// sits where in the ring: reduce_elem.h does the same on the GPU.
 #define DEFINE_KERNELS(T, NAME)                                                 \
     static void NAME##_reduce(T *restrict out, const T *restrict a,            \
                               const T *restrict b, size_t n, hpcdl_op op) {    \
@@ -74,10 +77,12 @@ static inline uint16_t f32_to_f16(float f) {
             for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];               \
             break;                                                             \
         case HPCDL_MIN:                                                        \
-            for (size_t i = 0; i < n; i++) out[i] = b[i] < a[i] ? b[i] : a[i]; \
+            for (size_t i = 0; i < n; i++)                                     \
+                out[i] = b[i] < a[i] || b[i] != b[i] ? b[i] : a[i];            \
             break;                                                             \
         case HPCDL_MAX:                                                        \
-            for (size_t i = 0; i < n; i++) out[i] = b[i] > a[i] ? b[i] : a[i]; \
+            for (size_t i = 0; i < n; i++)                                     \
+                out[i] = b[i] > a[i] || b[i] != b[i] ? b[i] : a[i];            \
             break;                                                             \
         case HPCDL_PROD:                                                       \
             for (size_t i = 0; i < n; i++) out[i] = a[i] * b[i];               \

@@ -97,8 +97,8 @@ HPCDL_HD uint16_t hpcdl_el_f32_to_bf16(float f) {
 #define HPCDL_EL_OP(T, S)                                                      \
     HPCDL_HD T hpcdl_el_##S(T a, T b, hpcdl_op op) {                           \
         switch (op) {                                                          \
-        case HPCDL_MIN: return b < a ? b : a;                                  \
-        case HPCDL_MAX: return b > a ? b : a;                                  \
+        case HPCDL_MIN: return b < a || b != b ? b : a; /* NaN wins, either side */ \
+        case HPCDL_MAX: return b > a || b != b ? b : a;                        \
         case HPCDL_PROD: return a * b;                                         \
         default: return a + b;                                                 \
         }                                                                      \

@@ -44,6 +44,17 @@ int main(void) {
     int32_t iv[3] = {-7, 7, 9};
     hpcdl_divide_local(iv, 3, HPCDL_INT32, 2);
     CHECK(iv[0] == -3 && iv[1] == 3 && iv[2] == 4, "int divide: %d %d %d", iv[0], iv[1], iv[2]);
+    // min / max: a NaN wins from either side (not only when it is the first
+    // operand), so the result does not depend on the ranks' order
+    for (int op = HPCDL_MIN; op <= HPCDL_MAX; op++) {
+        float fa[2] = {NAN, 1.0f}, fb[2] = {1.0f, NAN}, fo[2];
+        double da[2] = {NAN, 1.0}, db[2] = {1.0, NAN}, dout[2];
+        hpcdl_reduce_local(fo, fa, fb, 2, HPCDL_FLOAT32, op);
+        hpcdl_reduce_local(dout, da, db, 2, HPCDL_FLOAT64, op);
+        CHECK(isnan(fo[0]) && isnan(fo[1]) && isnan(dout[0]) && isnan(dout[1]),
+              "%s with one NaN operand: float32 %g %g, float64 %g %g", hpcdl_op_name(op),
+              (double)fo[0], (double)fo[1], dout[0], dout[1]);
+    }
     printf("test_reduce_local: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures != 0;
 }
