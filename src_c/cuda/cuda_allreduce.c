@@ -1,6 +1,7 @@
 /*
  * cuda_allreduce.c - all-reduce of device buffers, reached from
- * hpcdl_dispatch_allreduce when a pointer is device memory. Two ways:
+ * hpcdl_dispatch_allreduce for buffers cuda_where.c found on a GPU, after
+ * the producer's ready event. Two ways:
  *
  *   GPU-direct (hpcdl_mpi_cuda_aware()): device pointers go straight to MPI,
  *   which moves them with GPUDirect RDMA on InfiniBand. algo=mpi hands the
@@ -18,9 +19,10 @@
  *   Time ~ one piece's copy + max(copy, all-reduce) per piece.
  *
  * Each thread (the caller's, the engine's) keeps its own stream, events,
- * pinned pieces and device scratch for the GPU it last used; they are freed
- * when the thread exits. Nothing here runs until a device pointer is seen,
- * so a CUDA build imports and works on machines without GPU or driver.
+ * pinned pieces and device scratch per GPU it used; they are freed when the
+ * thread exits. Nothing here runs until device memory is passed, so a CUDA
+ * build imports and works on machines without GPU or driver. Waits poll
+ * (gpu_wait), and a failed call drains its stream before returning.
  */
 // setup.py compiles every src_c/cuda/*.c, with or without CUDA: without it
 // this file is empty
