@@ -12,6 +12,7 @@ take the cluster down, check nothing is left, and that a failed `up
 --slurm` leaves nothing either."""
 import json
 import os
+import subprocess
 import threading
 import time
 
@@ -227,7 +228,7 @@ def test_down_removes_daemons_and_files(vcs):
     assert_nothing_left(vcs["before"], vcs["inodes"])
 
 
-def test_failed_slurm_up_leaves_nothing(vcs, monkeypatch):
+def test_failed_slurm_up_leaves_nothing(monkeypatch):
     # the daemons start, then the nodes never come up idle: up undoes all of it
     before, started = machine_snapshot(), []
 
@@ -239,3 +240,14 @@ def test_failed_slurm_up_leaves_nothing(vcs, monkeypatch):
         vcluster.up(2, with_slurm=True)
     assert len(started) == 4 and not [p for p in started if local.alive(p)], started
     assert_nothing_left(before, set())
+
+
+def test_slurm_missing_is_one_line_before_anything_is_made():
+    # no Slurm clients on PATH (the daemons are still found: sbin is searched too)
+    before = machine_snapshot()
+    r = subprocess.run(HPCDL + ["vcluster", "up", "--hosts", "2", "--slurm"],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PATH="/nonexistent"))
+    assert r.returncode == 2 and "--slurm: sbatch, srun" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert machine_snapshot() == before and vcluster.status() is None

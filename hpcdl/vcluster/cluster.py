@@ -28,6 +28,8 @@ def up(n_hosts, slots=1, link=None, with_slurm=False):
         bits = net.parse_rate(link) if link else None
     except net.NetError as e:
         raise VclusterError(str(e))
+    if with_slurm and slurm.missing():
+        raise VclusterError(slurm.missing())
     names = [net.host_name(k) for k in range(1, n_hosts + 1)]
     made_dir = not os.path.isdir(state.state_dir())
     st = {"hosts": [], "slots": slots, "link": link, "link_bits": bits,

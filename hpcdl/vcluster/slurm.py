@@ -35,12 +35,16 @@ def conf_path():
     return local.path(root(), "slurm.conf")
 
 
-def start(st):
-    """Starts munged, slurmctld and every slurmd (recording each before it
-    runs) and waits until every host is an idle node; SlurmError otherwise."""
+def missing():
+    """Why --slurm cannot work on this machine (one line), or None: asked
+    before up makes anything."""
     why = local.missing_programs()
-    if why:
-        raise SlurmError("--slurm: " + why)
+    return why and "--slurm: " + why
+
+
+def start(st):
+    """Starts munged, slurmctld and every slurmd (recording each once it
+    runs) and waits until every host is an idle node; SlurmError otherwise."""
     r, hosts = root(), st["hosts"]
     holder = {h["name"]: h["holder"] for h in hosts}
     state.record(st, "dir", path=r)
