@@ -9,13 +9,14 @@ A host is a network namespace (ip netns nodeK) plus one holder process that
 owns its UTS (hostname), IPC and mount namespaces; in the mount namespace the
 host has its own /tmp, /dev/shm and /etc/hosts, the rest of the file system
 is shared, as a cluster's shared file system is. Everything a host runs
-(`exec`, the MPI launch agent, later daemons) enters the holder's namespaces
+(`exec`, the MPI launch agent, the Slurm daemons) enters the holder's namespaces
 through one function, hostns.enter_argv. Everything `up` makes is written to
 a state file before it is made, so `down` undoes it, also after a failed up.
 
 Layers: net (links, names, rates), hostns (holders, entering, processes),
-state (the record), cluster (up/down/status), agent (MPI launch); the CLI is
-hpcdl/cli/vcluster.py.
+state (the record, and the lock: one up at a time), cluster (up/down/status),
+agent (MPI launch), slurm (`up --slurm`: the daemons, on hpcdl.slurm.local);
+the CLI is hpcdl/cli/vcluster.py.
 """
 from .cluster import down, holder_of, kill_processes, processes, status, up  # noqa: F401
 from .errors import VclusterError  # noqa: F401

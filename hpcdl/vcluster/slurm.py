@@ -69,7 +69,8 @@ def start(st):
         local.wait_idle(sinfo, dict(os.environ, SLURM_CONF=conf_path()), len(hosts),
                         IDLE_TIMEOUT_S)
     except RuntimeError as e:
-        raise SlurmError("%s; logs in %s\n%s" % (e, local.path(r, "log"), local.log_tail(r, 5)))
+        # up removes the folder with the logs: their last lines go into the error
+        raise SlurmError("%s; the daemons' logs end:\n%s" % (e, local.log_tail(r, 5)))
 
 
 def _daemon(st, host, name, argv):
