@@ -1,7 +1,7 @@
 """zero_misuse.py - run under mpirun: a zero_stage outside 0..2 is a
 ValueError on every rank that names the supported stages, before any
-collective (so no rank waits); a rank that calls state_dict() is told
-nothing wrong when every rank calls it. Prints 'MISUSE OK' per rank."""
+collective (so no rank waits); afterwards a good one steps, and
+broadcast_optimizer_state works on it. Prints 'MISUSE OK' per rank."""
 import sys
 
 import torch
@@ -27,6 +27,10 @@ opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                named_parameters=model.named_parameters(), zero_stage=2)
 model(torch.randn(4, 5)).sum().backward()
 opt.step()
+# broadcast_optimizer_state joins the collective state_dict() on every rank (no hang)
+hvd.broadcast_optimizer_state(opt, root_rank=0)
+if opt.state_dict()["param_groups"][0]["lr"] != 0.1:
+    fails.append("broadcast_optimizer_state lost the lr")
 print("[rank %d] MISUSE %s%s" % (R, "FAIL" if fails else "OK", "".join("\n  " + f for f in fails)),
       flush=True)
 sys.exit(1 if fails else 0)
