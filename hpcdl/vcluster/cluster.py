@@ -31,9 +31,8 @@ def up(n_hosts, slots=1, link=None, with_slurm=False):
     if with_slurm and slurm.missing():
         raise VclusterError(slurm.missing())
     names = [net.host_name(k) for k in range(1, n_hosts + 1)]
-    made_dir = not os.path.isdir(state.state_dir())
     st = {"hosts": [], "slots": slots, "link": link, "link_bits": bits,
-          "subnet": net.SUBNET, "made_dir": made_dir, "made": []}
+          "subnet": net.SUBNET, "made": []}
     # the state file is the lock: claimed (atomically) before the names are
     # checked, so of two ups at once the second stops here and touches nothing
     if not state.claim(st):
@@ -108,15 +107,10 @@ def down():
 
 def _undo(st):
     """Undoes st['made'] in reverse order, then the state file (and the
-    state folder if up made it and it is empty)."""
+    state folder if an up made it)."""
     for item in reversed(st["made"]):
         _undo_one(item)
     state.remove()
-    if st.get("made_dir"):
-        try:
-            os.rmdir(state.state_dir())
-        except OSError:
-            pass
 
 
 def _undo_one(item):

@@ -8,6 +8,10 @@ import os
 # one vcluster per machine; the folder must not be under /tmp (hosts get their own)
 DEFAULT_DIR = "/run/hpcdl-vcluster"
 STATE_FILE = "state.json"
+# in the folder when an up made it (down then removes it); the mark, not the
+# up that builds, says so: of two ups at once, the one that loses may be the
+# one that made the folder
+MADE_MARK = ".made-by-up"
 
 
 def state_dir():
@@ -42,7 +46,11 @@ def claim(st):
     (a hard link fails when the name exists): of two `up`s started at once,
     one claims the state and builds, the other gets False and makes nothing.
     The state file is the lock: it stays until down."""
-    os.makedirs(state_dir(), exist_ok=True)
+    try:
+        os.makedirs(state_dir())
+        open(path(MADE_MARK), "w").close()
+    except FileExistsError:
+        pass
     tmp = path("%s.%d.tmp" % (STATE_FILE, os.getpid()))
     with open(tmp, "w") as f:
         json.dump(st, f, indent=1)
@@ -66,9 +74,16 @@ def record(st, kind, **what):
 
 
 def remove():
-    """Removes the state file (the last step of down)."""
+    """Removes the state file (the last step of down), and the folder when
+    an up made it (and nothing else is left in it)."""
     for name in (STATE_FILE, STATE_FILE + ".tmp"):
         try:
             os.unlink(path(name))
         except FileNotFoundError:
+            pass
+    if os.path.exists(path(MADE_MARK)):
+        try:
+            os.unlink(path(MADE_MARK))
+            os.rmdir(state_dir())
+        except OSError:
             pass
