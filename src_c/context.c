@@ -103,10 +103,18 @@ int hpcdl_fail_together(hpcdl_ctx *ctx, hpcdl_team *t, const char *what, int nsi
     return hpcdl_fail(err, "%s", own);
 }
 
-int hpcdl_allreduce_mem(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
-                        hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo,
-                        const hpcdl_mem *mem) {
-    HPCDL_TRY(hpcdl_check_enums("allreduce", dtype, op, algo));
+// A blocking collective, counted for the stall inspector while it runs.
+#define TRACKED(ctx, name, expr)                                               \
+    ({                                                                         \
+        hpcdl_engine_blocking_begin(ctx, name);                                \
+        int rc__ = (expr);                                                     \
+        hpcdl_engine_blocking_end(ctx);                                        \
+        rc__;                                                                  \
+    })
+
+static int allreduce_mem(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
+                         hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo,
+                         const hpcdl_mem *mem) {
     hpcdl_team *t = &ctx->main;
     size_t bytes = count * hpcdl_dtype_size(dtype);
     hpcdl_where where;
@@ -124,6 +132,14 @@ int hpcdl_allreduce_mem(hpcdl_ctx *ctx, const void *send, void *recv, size_t cou
     return rc;
 }
 
+int hpcdl_allreduce_mem(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
+                        hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo,
+                        const hpcdl_mem *mem) {
+    HPCDL_TRY(hpcdl_check_enums("allreduce", dtype, op, algo));
+    return TRACKED(ctx, "allreduce", allreduce_mem(ctx, send, recv, count, dtype, op, algo,
+                                                   mem));
+}
+
 int hpcdl_allreduce(hpcdl_ctx *ctx, const void *send, void *recv, size_t count,
                     hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
     return hpcdl_allreduce_mem(ctx, send, recv, count, dtype, op, algo, NULL);
@@ -133,25 +149,29 @@ int hpcdl_reduce_scatter(hpcdl_ctx *ctx, const void *send, void *recv,
                          const size_t *recvcounts, hpcdl_dtype dtype, hpcdl_op op,
                          hpcdl_algo algo) {
     HPCDL_TRY(hpcdl_check_enums("reduce_scatter", dtype, op, algo));
-    return LOCKED(ctx, hpcdl_dispatch_reduce_scatter(ctx, &ctx->main, send, recv, recvcounts,
-                                                     dtype, op, algo));
+    return TRACKED(ctx, "reduce_scatter",
+                   LOCKED(ctx, hpcdl_dispatch_reduce_scatter(ctx, &ctx->main, send, recv,
+                                                             recvcounts, dtype, op, algo)));
 }
 
 int hpcdl_allgatherv(hpcdl_ctx *ctx, const void *send, void *recv, const size_t *counts,
                      hpcdl_dtype dtype, hpcdl_algo algo) {
     HPCDL_TRY(hpcdl_check_enums("allgather", dtype, HPCDL_SUM, algo));
-    return LOCKED(ctx, hpcdl_dispatch_allgatherv(ctx, &ctx->main, send, recv, counts, dtype,
-                                                 algo));
+    return TRACKED(ctx, "allgather",
+                   LOCKED(ctx, hpcdl_dispatch_allgatherv(ctx, &ctx->main, send, recv, counts,
+                                                         dtype, algo)));
 }
 
 int hpcdl_broadcast(hpcdl_ctx *ctx, void *buf, size_t count, hpcdl_dtype dtype, int root,
                     hpcdl_algo algo) {
     HPCDL_TRY(hpcdl_check_enums("broadcast", dtype, HPCDL_SUM, algo));
-    return LOCKED(ctx, hpcdl_dispatch_broadcast(ctx, &ctx->main, buf, count, dtype, root, algo));
+    return TRACKED(ctx, "broadcast", LOCKED(ctx, hpcdl_dispatch_broadcast(ctx, &ctx->main, buf,
+                                                                           count, dtype, root,
+                                                                           algo)));
 }
 
 // A rank whose arguments failed validation (in Python) joins the agreement
 // check with valid = 0 (agree.c), so the others fail instead of waiting.
 int hpcdl_report_invalid(hpcdl_ctx *ctx, const char *what, int nsig) {
-    return LOCKED(ctx, hpcdl_check_invalid(&ctx->main, what, nsig));
+    return TRACKED(ctx, what, LOCKED(ctx, hpcdl_check_invalid(&ctx->main, what, nsig)));
 }

@@ -68,6 +68,9 @@ struct hpcdl_engine {
     size_t tl_head, tl_len;
     work *running;          // the item the engine thread works on, if any
     int64_t submitted, completed;
+    int blocking;           // the caller's thread is in a blocking collective
+    double blocking_since;  // its MPI_Wtime at entry
+    char blocking_name[48];
 };
 
 // ----------------------------------------------------------------------------
@@ -383,9 +386,32 @@ void hpcdl_engine_progress(hpcdl_ctx *ctx, hpcdl_progress *out) {
     int k = 0;
     const work *oldest = e->running ? e->running : e->qhead;
     if (oldest) out->waited_s = MPI_Wtime() - oldest->t_submit;
+    else if (e->blocking) out->waited_s = MPI_Wtime() - e->blocking_since;
     if (e->running) snprintf(out->pending[k++], sizeof out->pending[0], "%.47s", e->running->name);
     for (const work *w = e->qhead; w && k < HPCDL_PROGRESS_NAMES; w = w->qnext)
         snprintf(out->pending[k++], sizeof out->pending[0], "%.47s", w->name);
+    if (e->blocking && k < HPCDL_PROGRESS_NAMES) // submitted last: the caller waits in it
+        snprintf(out->pending[k++], sizeof out->pending[0], "%.47s", e->blocking_name);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void hpcdl_engine_blocking_begin(hpcdl_ctx *ctx, const char *name) {
+    hpcdl_engine *e = ctx->engine;
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->submitted++;
+    e->blocking = 1;
+    e->blocking_since = MPI_Wtime();
+    snprintf(e->blocking_name, sizeof e->blocking_name, "%s (blocking)", name);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void hpcdl_engine_blocking_end(hpcdl_ctx *ctx) {
+    hpcdl_engine *e = ctx->engine;
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->completed++;
+    e->blocking = 0;
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -19,6 +19,12 @@ typedef struct {
 
 int hpcdl_engine_start(hpcdl_ctx *ctx);
 void hpcdl_engine_progress(hpcdl_ctx *ctx, hpcdl_progress *out);
+
+// A blocking collective on the caller's thread counts for the stall inspector
+// as one operation: submitted at begin, named and timed while it runs,
+// finished at end. Every rank makes the same calls, so counts stay comparable.
+void hpcdl_engine_blocking_begin(hpcdl_ctx *ctx, const char *name);
+void hpcdl_engine_blocking_end(hpcdl_ctx *ctx);
 void hpcdl_engine_stop(hpcdl_ctx *ctx);
 
 #endif // HPCDL_ENGINE_H

@@ -5,9 +5,12 @@
  * have waited) in one small MPI_Allgather on its own communicator. Every
  * rank so sees the same picture, and when operations have waited longer than
  * HPCDL_STALL_CHECK_TIME_SECONDS (default 60) while some ranks have not
- * submitted them, rank 0 warns, naming those ranks and the operations. With
- * HPCDL_STALL_SHUTDOWN_TIME_SECONDS set, every rank reaches the same verdict
- * after that long and the job ends (MPI_Abort) instead of hanging.
+ * submitted them, rank 0 warns, naming those ranks and the operations. After
+ * HPCDL_STALL_SHUTDOWN_TIME_SECONDS (default 600; 0 = never) every rank
+ * reaches the same verdict and the job ends (MPI_Abort) instead of hanging:
+ * a hung job burns its whole allocation, while a rank legitimately alone for
+ * ten minutes (evaluation on rank 0 only) is rare, and the message says how
+ * to allow longer. Blocking collectives count as operations too (engine.c).
  * HPCDL_STALL_CHECK_DISABLE=1 turns it off. Shutdown is collective: the
  * thread keeps exchanging until every rank has asked to stop.
  */
@@ -84,7 +87,8 @@ static void inspect(hpcdl_ctx *ctx, struct hpcdl_stall *s, const hpcdl_progress 
     }
     if (s->shutdown_s > 0 && waited >= s->shutdown_s) {
         fprintf(stderr, "[rank %d] error: %s Ending the job: stalled for longer than "
-                "HPCDL_STALL_SHUTDOWN_TIME_SECONDS=%g.\n", rank, msg, s->shutdown_s);
+                "HPCDL_STALL_SHUTDOWN_TIME_SECONDS=%g (set it higher, or 0 for never, if a "
+                "rank may legitimately work alone that long).\n", rank, msg, s->shutdown_s);
         fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, 3);
     }
@@ -137,7 +141,7 @@ int hpcdl_stall_start(hpcdl_ctx *ctx, MPI_Comm comm) {
     struct hpcdl_stall *s = calloc(1, sizeof *s);
     if (!s) return hpcdl_fail(HPCDL_ERR_NOMEM, "stall inspector: out of memory");
     s->check_s = env_seconds("HPCDL_STALL_CHECK_TIME_SECONDS", 60);
-    s->shutdown_s = env_seconds("HPCDL_STALL_SHUTDOWN_TIME_SECONDS", 0);
+    s->shutdown_s = env_seconds("HPCDL_STALL_SHUTDOWN_TIME_SECONDS", 600);
     s->interval_s = s->check_s / 4 < 0.05 ? 0.05 : s->check_s / 4 > 1 ? 1 : s->check_s / 4;
     MPI_CHECK(MPI_Comm_dup(comm, &s->comm));
     pthread_mutex_init(&s->mu, NULL);

@@ -25,13 +25,17 @@ def test_warns_naming_rank_and_tensor(buffer):
 
 @pytest.mark.mpi
 @BUFFERS
-def test_shutdown_time_ends_the_job(buffer):
+@pytest.mark.parametrize("mode,missing", [("never", "rank 1"),
+                                          ("blocking", "rank 1 is missing allreduce (blocking)")])
+def test_shutdown_time_ends_the_job(buffer, mode, missing):
+    """An async all-reduce rank 1 never submits, or a blocking one it never
+    calls (the caller's thread waits, not the engine): named, then ended."""
     t0 = time.time()
-    r = run_python(2, SCRIPT, args=["never", buffer], check=False, timeout=60,
+    r = run_python(2, SCRIPT, args=[mode, buffer], check=False, timeout=60,
                    env={"HPCDL_STALL_CHECK_TIME_SECONDS": "1",
                         "HPCDL_STALL_SHUTDOWN_TIME_SECONDS": "2"})
     assert r.returncode != 0
-    assert "HPCDL_STALL_SHUTDOWN_TIME_SECONDS" in r.stdout and "rank 1" in r.stdout, r.stdout
+    assert "HPCDL_STALL_SHUTDOWN_TIME_SECONDS=2" in r.stdout and missing in r.stdout, r.stdout
     assert time.time() - t0 < 30
 
 

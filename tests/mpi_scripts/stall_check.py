@@ -6,6 +6,8 @@ argv[1] = "late": rank 1 submits its all-reduce 3 s late (the inspector,
 argv[1] = "never": rank 1 never submits (with
     HPCDL_STALL_SHUTDOWN_TIME_SECONDS set the job must end, non-zero).
 argv[1] = "die": rank 1 exits abruptly while rank 0 waits in a collective.
+argv[1] = "blocking": like "never", but rank 0 waits in a blocking
+    all-reduce (the caller's thread, not the engine) that rank 1 never calls.
 argv[2] = "shared" (optional): the all-reduced buffer lives in node shared
     memory (Communicator.shared_buffer), as DistributedOptimizer's buckets do,
     so the work-stealing path (src_c/shared.c) is the one that waits.
@@ -26,6 +28,10 @@ if len(sys.argv) > 2 and sys.argv[2] == "shared":
 else:
     x = np.arange(1000, dtype=np.float32) + c.rank
 c.allreduce(x)  # everyone healthy first
+if mode == "blocking":
+    if c.rank == 1:
+        time.sleep(120)
+    c.allreduce(x)  # never completes: rank 1 is not there
 if c.rank == 1:
     if mode == "never":
         time.sleep(120)
