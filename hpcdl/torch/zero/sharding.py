@@ -60,6 +60,11 @@ class Sharding:
         self.inner = opt._opt          # the wrapped optimizer, whose groups we rebind
         for b in opt._buckets:
             for p in b.params:
+                if p.device.type != "cpu":  # the core's reduce-scatter / all-gather
+                    raise ValueError("zero_stage=%d needs CPU parameters for now (%s is on "
+                                     "%s): hpcdl's reduce-scatter and all-gather take host "
+                                     "buffers only; use zero_stage=0 on GPUs"
+                                     % (stage, opt._names[p], p.device))
                 if not p.is_contiguous():
                     raise ValueError("zero_stage=%d needs contiguous parameters; %s is not "
                                      "(call .contiguous() on it before building the "
