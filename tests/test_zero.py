@@ -18,6 +18,25 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "mpi_scripts")
 TOL = "1e-6"  # relative, against one process on the global batch (float32 rounding)
 
 
+@pytest.mark.parametrize("numels", [[1], [5], [13 * 7, 7, 3], [4, 1, 1, 9], [0, 2]])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_layout_covers_every_element_once(numels, n):
+    # one process, no MPI: the blocks tile the bucket, the pieces tile each parameter
+    from hpcdl.torch.zero.layout import block_counts, pieces_of
+    counts = block_counts(sum(numels), n)
+    assert sum(counts) == sum(numels) and max(counts) - min(counts) <= 1
+    seen = [[0] * m for m in numels]
+    for r in range(n):
+        at = 0
+        for c in pieces_of(numels, counts, r):
+            assert c.at == at and c.numel > 0  # pieces are packed in bucket order
+            at += c.numel
+            for i in range(c.start, c.stop):
+                seen[c.index][i] += 1
+        assert at == counts[r]
+    assert all(v == 1 for row in seen for v in row)
+
+
 def _exact(n, stage, opt, *extra, passes=1):
     r = run_python(n, os.path.join(SCRIPTS, "zero_exact.py"), timeout=120,
                    args=[str(stage), opt, str(passes), TOL, *extra])
