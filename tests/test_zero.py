@@ -123,3 +123,12 @@ def test_train_zero_checkpoint_resumes_on_other_rank_count(tmp_path):
     worst = max(((got[k] - v).abs().max() / (v.abs().max() + 1e-12)).item()
                 for k, v in want.items())
     assert worst < 1e-4, worst
+
+
+@pytest.mark.parametrize("zero,mode,words", [
+    (3, "allreduce", "stage 3 is not implemented yet"), (-1, "allreduce", "use 0 (unsharded)"),
+    (1, "ps-bsp", "--zero 1 needs --mode allreduce")])
+def test_train_config_rejects_bad_zero(zero, mode, words):
+    from hpcdl.train.config import ConfigError, TrainConfig
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        TrainConfig(zero=zero, mode=mode).check(3)
