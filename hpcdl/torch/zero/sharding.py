@@ -26,7 +26,7 @@ import torch
 from .layout import block_counts, pieces_of
 from . import norms, state
 
-GATHER_WINDOW = 2  # all-gathers in flight after the step: bounds the receive buffers
+GATHER_WINDOW = 2  # all-gathers left in flight while the oldest is unpacked: bounds the buffers
 
 
 class _BucketShard:
