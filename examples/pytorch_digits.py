@@ -47,7 +47,7 @@ parser.add_argument("--log-interval", type=int, default=10, metavar="N",
 parser.add_argument("--fp16-allreduce", action="store_true", default=False,
                     help="use fp16 compression during allreduce")
 parser.add_argument("--use-adasum", action="store_true", default=False,
-                    help="not supported by hpcdl (Horovod: use the Adasum reduction)")
+                    help="use adasum algorithm to do reduction")
 parser.add_argument("--gradient-predivide-factor", type=float, default=1.0,
                     help="apply gradient predivide factor in optimizer (default: 1.0)")
 parser.add_argument("--min-accuracy", type=float, default=0.9,
@@ -175,8 +175,9 @@ def train(args):
         # Move model to GPU.
         model.cuda()
 
-    # Horovod: scale learning rate by the number of ranks.
-    optimizer = optim.SGD(model.parameters(), lr=args.lr * hvd.size(),
+    # Horovod: scale learning rate by the number of ranks (Adasum needs no scaling).
+    lr_scaler = 1 if args.use_adasum else hvd.size()
+    optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler,
                           momentum=args.momentum)
 
     # Horovod: broadcast parameters & optimizer state.
@@ -190,7 +191,7 @@ def train(args):
     optimizer = hvd.DistributedOptimizer(optimizer,
                                          named_parameters=model.named_parameters(),
                                          compression=compression,
-                                         op=hvd.Average,
+                                         op=hvd.Adasum if args.use_adasum else hvd.Average,
                                          gradient_predivide_factor=args.gradient_predivide_factor)
 
     for epoch in range(1, args.epochs + 1):
@@ -201,10 +202,6 @@ def train(args):
 
 if __name__ == "__main__":
     args = parser.parse_args()
-    if args.use_adasum:
-        parser.error("--use-adasum: hpcdl has no Adasum (it all-reduces by sum with ring "
-                     "and hierarchical algorithms; see docs/horovod.md); drop the flag to "
-                     "average gradients as Horovod does by default")
     args.cuda = not args.no_cuda and torch.cuda.is_available()
     accuracy = train(args)
     ok = accuracy >= args.min_accuracy

@@ -54,13 +54,9 @@ parser.add_argument("--sync-bn", action="store_true", default=False,
                          "current benchmark does this; costs two small collectives per "
                          "norm layer and step)")
 parser.add_argument("--use-adasum", action="store_true", default=False,
-                    help="not supported by hpcdl (Horovod: use the Adasum reduction)")
+                    help="use adasum algorithm to do reduction")
 
 args = parser.parse_args()
-if args.use_adasum:
-    parser.error("--use-adasum: hpcdl has no Adasum (it all-reduces by sum with ring and "
-                 "hierarchical algorithms; see docs/horovod.md); drop the flag to average "
-                 "gradients as Horovod does by default")
 if args.sync_bn and args.model not in models.IMAGE_NAMES:
     parser.error("--sync-bn: model %s has no batch norm; use it with %s"
                  % (args.model, " or ".join(models.IMAGE_NAMES)))
@@ -87,7 +83,9 @@ if args.cuda:
     # Move model to GPU.
     model.cuda()
 
-optimizer = optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+# By default, Adasum doesn't need scaling up learning rate.
+lr_scaler = hvd.size() if not args.use_adasum else 1
+optimizer = optim.SGD(model.parameters(), lr=0.01 * lr_scaler)
 
 # Horovod: (optional) compression algorithm.
 compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
@@ -96,7 +94,7 @@ compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.n
 optimizer = hvd.DistributedOptimizer(optimizer,
                                      named_parameters=model.named_parameters(),
                                      compression=compression,
-                                     op=hvd.Average)
+                                     op=hvd.Adasum if args.use_adasum else hvd.Average)
 
 # Horovod: broadcast parameters & optimizer state.
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
