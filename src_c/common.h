@@ -239,7 +239,7 @@ int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_where *where
 // average's division to the caller (device memory); the others divide on
 // the host.
 int hpcdl_mpi_allreduce_pieces(hpcdl_team *t, const void *send, void *recv, size_t count,
-                               hpcdl_dtype dtype, hpcdl_op op);
+                               hpcdl_dtype dtype, hpcdl_op op, int blocking_only);
 int hpcdl_mpi_allreduce(hpcdl_team *t, const void *send, void *recv, size_t count,
                         hpcdl_dtype dtype, hpcdl_op op);
 int hpcdl_mpi_reduce_scatter(hpcdl_team *t, const void *send, void *recv,

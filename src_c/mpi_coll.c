@@ -75,9 +75,11 @@ int hpcdl_mpi_op(hpcdl_dtype d, hpcdl_op op, MPI_Op *out) {
 
 // MPI_Allreduce in pieces of at most 2^30 elements, on host or (CUDA-aware
 // MPI) device buffers. AVERAGE reduces like SUM here: the division is the
-// caller's, who knows where the data lives.
+// caller's, who knows where the data lives. blocking_only: never the polite
+// MPI_Iallreduce (Open MPI 4.x takes device pointers in blocking collectives
+// only).
 int hpcdl_mpi_allreduce_pieces(hpcdl_team *t, const void *send, void *recv, size_t count,
-                               hpcdl_dtype dtype, hpcdl_op op) {
+                               hpcdl_dtype dtype, hpcdl_op op, int blocking_only) {
     MPI_Op mop;
     HPCDL_TRY(hpcdl_mpi_op(dtype, op, &mop));
     size_t esz = hpcdl_dtype_size(dtype), piece = (size_t)1 << 30;
@@ -85,7 +87,7 @@ int hpcdl_mpi_allreduce_pieces(hpcdl_team *t, const void *send, void *recv, size
         int n = (int)(count - base < piece ? count - base : piece);
         char *r = (char *)recv + base * esz;
         const void *s = send == recv ? MPI_IN_PLACE : (const char *)send + base * esz;
-        if (t->polite || t->crowded) { // see hpcdl_team_wait
+        if ((t->polite || t->crowded) && !blocking_only) { // see hpcdl_team_wait
             MPI_Request rq;
             MPI_CHECK(MPI_Iallreduce(s, r, n, hpcdl_mpi_dtype(dtype), mop, t->world, &rq));
             MPI_CHECK(hpcdl_team_wait(t, &rq));
@@ -99,7 +101,7 @@ int hpcdl_mpi_allreduce_pieces(hpcdl_team *t, const void *send, void *recv, size
 // Host buffers: the average divided here.
 int hpcdl_mpi_allreduce(hpcdl_team *t, const void *send, void *recv, size_t count,
                         hpcdl_dtype dtype, hpcdl_op op) {
-    HPCDL_TRY(hpcdl_mpi_allreduce_pieces(t, send, recv, count, dtype, op));
+    HPCDL_TRY(hpcdl_mpi_allreduce_pieces(t, send, recv, count, dtype, op, 0));
     if (op == HPCDL_AVERAGE) hpcdl_divide_local(recv, count, dtype, t->size);
     return HPCDL_OK;
 }

@@ -302,23 +302,6 @@ static int dev_ring_allreduce(hpcdl_team *t, gpu_state *g, void *buf, size_t cou
     return rc;
 }
 
-// MPI_Allreduce in pieces of at most 2^30 elements, always the blocking call:
-// Open MPI 4.x takes device pointers in point-to-point and blocking
-// collectives, not in MPI_Iallreduce (which mpi_coll.c's polite path uses).
-static int mpi_blocking(hpcdl_team *t, const void *send, void *recv, size_t count,
-                        hpcdl_dtype dtype, hpcdl_op op) {
-    MPI_Op mop;
-    HPCDL_TRY(hpcdl_mpi_op(dtype, op, &mop));
-    size_t esz = hpcdl_dtype_size(dtype), piece = (size_t)1 << 30;
-    for (size_t base = 0; base < count; base += piece) {
-        int n = (int)(count - base < piece ? count - base : piece);
-        const void *s = send == recv ? MPI_IN_PLACE : (const char *)send + base * esz;
-        MPI_CHECK(MPI_Allreduce(s, (char *)recv + base * esz, n, hpcdl_mpi_dtype(dtype), mop,
-                                t->world));
-    }
-    return HPCDL_OK;
-}
-
 // MPI has no 16-bit float reduction that runs on the GPU (hpcdl's own
 // MPI_Op reads host memory), so those dtypes take the ring even for algo=mpi;
 // hier needs host shared memory, so it takes the ring too.
@@ -326,7 +309,9 @@ static int direct_allreduce(hpcdl_team *t, gpu_state *g, const void *send, void 
                             size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
     int half = dtype == HPCDL_FLOAT16 || dtype == HPCDL_BFLOAT16;
     if (algo == HPCDL_ALGO_MPI && !half) {
-        HPCDL_TRY(mpi_blocking(t, send, recv, count, dtype, op));
+        // always the blocking call: Open MPI 4.x takes device pointers in
+        // point-to-point and blocking collectives, not in MPI_Iallreduce
+        HPCDL_TRY(hpcdl_mpi_allreduce_pieces(t, send, recv, count, dtype, op, 1));
         return op == HPCDL_AVERAGE ? divide_on_device(t, g, recv, count, dtype, t->size)
                                    : HPCDL_OK;
     }
