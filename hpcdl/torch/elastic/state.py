@@ -11,14 +11,16 @@ hpcdl's elastic is restart-based (docs/horovod.md): a lost rank ends the
 MPI job, `hpcdl run --max-restarts` starts it again on the hosts that
 remain, and run() (run.py) loads the last commit on rank 0 and syncs it.
 So the objects a state holds must be picklable, as Horovod's are."""
+import abc
 import copy
 
 from .. import functions, mpi_ops
 from . import _store
 
 
-class State:
-    """Reset callbacks and commit(); subclasses say what save/restore/sync mean."""
+class State(abc.ABC):
+    """Reset callbacks and commit(); subclasses say what save/restore/sync mean
+    (the abstract methods below: ObjectState and TorchState implement them)."""
 
     def __init__(self):
         self._reset_callbacks = []
@@ -48,20 +50,25 @@ class State:
         self._install_payload(payload["saved"])
         self.restore()
 
+    @abc.abstractmethod
     def save(self):
-        raise NotImplementedError
+        """Keep a copy of the current values (in memory)."""
 
+    @abc.abstractmethod
     def restore(self):
-        raise NotImplementedError
+        """Go back to the last save()."""
 
+    @abc.abstractmethod
     def sync(self):
-        raise NotImplementedError
+        """Give every rank rank 0's values."""
 
+    @abc.abstractmethod
     def _saved_payload(self):
-        raise NotImplementedError
+        """The last save() as a picklable dict, for the commit file."""
 
+    @abc.abstractmethod
     def _install_payload(self, saved):
-        raise NotImplementedError
+        """Make a commit file's dict the last save()."""
 
 
 class ObjectState(State):
