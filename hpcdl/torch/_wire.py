@@ -42,6 +42,22 @@ def owned_wire(t):
     return w
 
 
+def owned_host_wire(t):
+    """owned_wire(t) in host memory. hpcdl's core moves device memory for
+    all-reduce only (docs/cuda.md); all-gather, broadcast and reduce-scatter of
+    CUDA tensors go through a host copy, as Horovod's do over an MPI that is
+    not CUDA-aware. .cpu() waits for torch's current stream, so the copy holds
+    what the producer wrote."""
+    if t.device.type == "cpu":
+        return owned_wire(t)
+    return to_wire(t.detach().cpu()).contiguous()  # .cpu() made new memory: ours
+
+
+def on_host(t):
+    """True when the core can use t's memory for a non-all-reduce collective."""
+    return t.device.type == "cpu" and is_direct(t)
+
+
 def from_wire(w, dtype):
     """Inverse of to_wire: w (a wire tensor) back in dtype, shape included."""
     if w.dtype == dtype:
@@ -58,6 +74,8 @@ def deliver(tensor, t, wire, inplace):
     if wire is t:
         return tensor
     out = from_wire(wire, t.dtype).view(t.shape)
+    if out.device != t.device:  # staged through the host (owned_host_wire)
+        out = out.to(t.device)
     if inplace:
         t.copy_(out)
         return tensor

@@ -27,7 +27,8 @@ import torch
 from . import _handles
 from ._basics import Adasum, Average, Sum, comm_op
 from ._shapes import check_rows_agree, gather_shapes, start_check
-from ._wire import deliver, from_wire, is_direct, owned_wire, scale_, to_wire, wire_shape
+from ._wire import (deliver, from_wire, on_host, owned_host_wire, scale_, to_wire,
+                    wire_shape)
 from .allreduce_ops import allreduce, auto_name, grouped_allreduce
 from .compression import Compression, compress
 from .process_sets import comm_of, global_process_set, set_root
@@ -42,14 +43,15 @@ def _start_allgather(tensor, name, process_set=None):
     t = t.reshape(1) if t.dim() == 0 else t
     shapes = gather_shapes(t, "allgather", on)
     check_rows_agree(shapes, "allgather")
-    send = to_wire(t).contiguous()
+    send = to_wire(t).contiguous() if t.device.type == "cpu" else owned_host_wire(t)
     row = math.prod(wire_shape(t)[1:])
     out = torch.empty((sum(s[0] for s in shapes),) + tuple(send.shape[1:]),
                       dtype=send.dtype, device=send.device)
     h = _handles.start("allgather", send, out, counts=[s[0] * row for s in shapes],
                        name=name, on=on)
     offset = sum(s[0] for s in shapes[:on.rank])
-    return _handles.register([h], lambda: from_wire(out, t.dtype), name, on), offset
+    return _handles.register([h], lambda: from_wire(out, t.dtype).to(t.device), name,
+                             on), offset
 
 
 def _start_broadcast(tensor, root_rank, inplace, name, process_set=None):
@@ -57,7 +59,7 @@ def _start_broadcast(tensor, root_rank, inplace, name, process_set=None):
     root = set_root(process_set, root_rank, "broadcast")
     _handles.claim(name, on, "broadcast")
     t = tensor.detach()
-    buf = t if (inplace and is_direct(t)) else owned_wire(t)
+    buf = t if (inplace and on_host(t)) else owned_host_wire(t)
     shape_h, check = start_check(on, [t], "broadcast", name)
     h = _handles.start("broadcast", buf, root=root, name=name, on=on)
     return _handles.register([shape_h, h], lambda: deliver(tensor, t, buf, inplace), name,
@@ -74,7 +76,7 @@ def _start_reducescatter(tensor, name, op, prescale, postscale, process_set=None
     t = t0.reshape(1) if t0.dim() == 0 else t0
     q, extra = divmod(t.shape[0], w.size)
     rows = [q + (1 if r < extra else 0) for r in range(w.size)]
-    send = t if (is_direct(t) and prescale == 1.0) else owned_wire(t)
+    send = t if (on_host(t) and prescale == 1.0) else owned_host_wire(t)
     if send is not t:
         scale_(send, prescale)
     row = math.prod(wire_shape(t)[1:])
@@ -92,7 +94,7 @@ def _start_reducescatter(tensor, name, op, prescale, postscale, process_set=None
 
     def finish():
         scale_(out, postscale)
-        return from_wire(out, t.dtype)
+        return from_wire(out, t.dtype).to(t.device)
     return _handles.register([shape_h, h], finish, name, w, check)
 
 
