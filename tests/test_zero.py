@@ -6,8 +6,8 @@ uneven layer sizes (blocks cut layers; a 0-d parameter is smaller than the
 rank count), two parameter groups, a StepLR schedule, backward_passes_per_step,
 global-norm clipping and several buckets; each rank holds about 1/N of the
 optimizer-state bytes; the consolidated state_dict() equals stage 0's and
-loads into a plain optimizer and a fresh ZeRO one; a bad zero_stage fails on
-every rank. The scripts are in tests/mpi_scripts/zero_*.py."""
+loads into a plain optimizer and a fresh ZeRO one; a bad zero_stage, sparse
+gradients and stage 3's refusals fail on every rank. The scripts are in tests/mpi_scripts/zero_*.py."""
 import os
 
 import pytest
@@ -66,7 +66,9 @@ def test_passes_clipping_and_buckets(stage):
 
 
 @pytest.mark.mpi
-def test_bad_stage_fails_on_every_rank():
+def test_misuse_fails_on_every_rank():
+    # bad zero_stage; sparse gradients at stage 2; shard_model on tied weights across
+    # units, sparse embeddings, non-CPU parameters: one-line errors on every rank
     r = run_python(2, os.path.join(SCRIPTS, "zero_misuse.py"), timeout=60)
     assert r.stdout.count("MISUSE OK") == 2, r.stdout
 

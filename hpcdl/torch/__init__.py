@@ -20,10 +20,11 @@ from .mpi_ops import *  # noqa: F401,F403 - the collectives grid, listed in mpi_
 from .mpi_ops import __all__ as _ops_all
 from .optimizer import DistributedOptimizer  # part of the surface: its ImportError is real
 from .sync_batch_norm import SyncBatchNorm
+from .zero import shard_model  # ZeRO stage 3 (docs/zero.md)
 from . import elastic  # hvd.elastic.run, TorchState, ... (restart-based)
 from ..trace import start_timeline, stop_timeline
 
 __all__ = list(_ops_all) + ["Compression", "DistributedOptimizer", "SyncBatchNorm",
                             "broadcast_parameters", "broadcast_optimizer_state",
                             "broadcast_object", "allgather_object", "start_timeline",
-                            "stop_timeline", "elastic"]
+                            "stop_timeline", "elastic", "shard_model"]

@@ -1,7 +1,10 @@
 """zero_misuse.py - run under mpirun: a zero_stage outside 0..2 is a
 ValueError on every rank that names the supported stages, before any
 collective (so no rank waits); afterwards a good one steps, and
-broadcast_optimizer_state works on it. Prints 'MISUSE OK' per rank."""
+broadcast_optimizer_state works on it. Sparse gradients at stage 2 are a
+one-line error on every rank. shard_model (stage 3) refuses tied weights
+across units, sparse embeddings and non-CPU parameters on every rank, and
+works afterwards. Prints 'MISUSE OK' per rank."""
 import sys
 
 import torch
@@ -14,7 +17,7 @@ model = torch.nn.Linear(5, 3)
 fails = []
 for bad, words in ((5, "zero_stage must be 0"), (-1, "zero_stage must be 0"),
                    ("1", "zero_stage must be 0"), (True, "zero_stage must be 0"),
-                   (3, "zero_stage=3 (sharded parameters) is not implemented")):
+                   (3, "hvd.shard_model(model)")):
     try:
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                  named_parameters=model.named_parameters(), zero_stage=bad)
@@ -31,6 +34,50 @@ opt.step()
 hvd.broadcast_optimizer_state(opt, root_rank=0)
 if opt.state_dict()["param_groups"][0]["lr"] != 0.1:
     fails.append("broadcast_optimizer_state lost the lr")
+
+
+def refused(what, words, make):
+    """make() must raise on this rank with words in a one-line message."""
+    try:
+        make()
+        fails.append("%s accepted" % what)
+    except (ValueError, RuntimeError) as e:
+        if words not in str(e) or "\n" in str(e):
+            fails.append("%s: unclear message %r" % (what, str(e)))
+
+
+def sparse_stage2():
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    o = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
+                                 named_parameters=emb.named_parameters(), zero_stage=2)
+    emb(torch.tensor([1, 2])).sum().backward()
+    o.step()
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc, self.dec = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.dec.weight = self.enc.weight
+
+    def forward(self, x):
+        return self.dec(self.enc(x))
+
+
+refused("sparse gradients at stage 2", "does not support sparse gradients", sparse_stage2)
+refused("tied weights across units", "tied weights", lambda: hvd.shard_model(Tied()))
+refused("sparse embedding at stage 3", "does not support sparse gradients",
+        lambda: hvd.shard_model(torch.nn.Embedding(10, 4, sparse=True)))
+refused("meta-device parameters at stage 3", "needs CPU parameters",
+        lambda: hvd.shard_model(torch.nn.Linear(4, 4, device="meta")))
+# tied weights inside one unit are fine; and a good shard_model steps
+tied = Tied()
+hvd.shard_model(tied, units=[tied])
+torch.optim.SGD(tied.parameters(), lr=0.1).zero_grad()
+tied(torch.randn(3, 4)).sum().backward()
+if len(list(tied.parameters())) != 3 or tied.enc.weight.grad is None:
+    fails.append("tied weights in one unit: %d pieces, grad %s"
+                 % (len(list(tied.parameters())), tied.enc.weight.grad))
 print("[rank %d] MISUSE %s%s" % (R, "FAIL" if fails else "OK", "".join("\n  " + f for f in fails)),
       flush=True)
 sys.exit(1 if fails else 0)

@@ -1,7 +1,9 @@
-"""hpcdl.torch.zero - sharded data parallelism (ZeRO, Rajbhandari et al. 2020)
-inside DistributedOptimizer: `DistributedOptimizer(opt, zero_stage=1|2)`.
+"""hpcdl.torch.zero - sharded data parallelism (ZeRO, Rajbhandari et al. 2020):
+stages 1 and 2 inside DistributedOptimizer (`DistributedOptimizer(opt,
+zero_stage=1|2)`), stage 3 as a model wrapper (`hvd.shard_model(model)`).
 What each stage keeps where: docs/zero.md."""
 from .sharding import Sharding
+from .stage3 import ShardedModel, shard_model, shards_of
 
 STAGES = (0, 1, 2)
 
@@ -13,10 +15,12 @@ def check_stage(stage):
     if ok and stage in STAGES:
         return stage
     if ok and stage == 3:
-        raise ValueError("zero_stage=3 (sharded parameters) is not implemented yet; use "
-                         "zero_stage=0, 1 or 2 (docs/zero.md)")
+        raise ValueError("zero_stage=3 shards the model, not the optimizer: call "
+                         "shards = hvd.shard_model(model), then give model.parameters() to "
+                         "a plain torch optimizer (no DistributedOptimizer; docs/zero.md)")
     raise ValueError("zero_stage must be 0 (unsharded), 1 (optimizer state sharded) or 2 "
-                     "(optimizer state and gradients sharded), got %r" % (stage,))
+                     "(optimizer state and gradients sharded), got %r; stage 3: "
+                     "hvd.shard_model(model)" % (stage,))
 
 
-__all__ = ["Sharding", "check_stage", "STAGES"]
+__all__ = ["Sharding", "ShardedModel", "check_stage", "shard_model", "shards_of", "STAGES"]

@@ -1,0 +1,139 @@
+"""zero3_exact.py - run under mpirun: ZeRO stage 3 (hvd.shard_model) equals one
+process on the whole global batch, and holds about 1/N of the parameters.
+
+argv: TOL CASE... with CASE = OPTIMIZER:PASSES[:units][:noprefetch] (optimizer
+sgd|adam|adamw; units: the Sequential and the rest as two units instead of one
+per layer; noprefetch), all cases in one launch. The model has
+uneven sizes on purpose (13x7 and 7x3 layers, a 3-element bias, a 0-d
+scalar: units smaller than the rank count, blocks that cut layers), a layer
+used twice in one forward (weights tied within one unit), two parameter
+groups with different hyper-parameters and a per-step LR schedule. Each rank
+trains on its B/N slice; every rank also trains one process's copy on all B
+samples. Checked: parameters (gathered) against the copy; parameter bytes of
+this rank's shard, the most gathered bytes alive at once; optimizer-state
+bytes (about 1/N of the copy's). Prints 'ZERO3 OK ...' per rank, exits
+non-zero on any failure."""
+import copy
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hpcdl.torch as hvd
+
+hvd.init()
+R, N, TOL = hvd.rank(), hvd.size(), float(sys.argv[1])
+B, STEPS = 24, 6
+
+
+class Net(nn.Module):
+    """13 -> 7 -> (7 -> 7, twice) -> 3, times a learned scalar."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(13, 7)
+        self.mid = nn.Sequential(nn.Linear(7, 7), nn.Tanh())  # used twice per forward
+        self.fc2 = nn.Linear(7, 3)
+        self.temp = nn.Parameter(torch.tensor(1.3))  # one element: fewer than N ranks
+
+    def forward(self, x):
+        h = torch.tanh(self.fc1(x))
+        return self.fc2(self.mid(self.mid(h))) * self.temp
+
+
+def make_opt(model, OPT):
+    decayed = [model.fc1.weight, model.fc2.weight, model.mid[0].weight]
+    rest = [model.fc1.bias, model.fc2.bias, model.mid[0].bias, model.temp]
+    groups = [{"params": decayed, "weight_decay": 1e-2}, {"params": rest, "lr": 0.05}]
+    if OPT == "sgd":
+        opt = torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True)
+    elif OPT == "adam":
+        opt = torch.optim.Adam(groups, lr=1e-2)
+    else:
+        opt = torch.optim.AdamW(groups, lr=1e-2)
+    return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+
+
+def train_step(model, opt, sched, x, y, passes):
+    opt.zero_grad()
+    for xs, ys in zip(x.chunk(passes), y.chunk(passes)):
+        (F.cross_entropy(model(xs), ys) / passes).backward()
+    opt.step()
+    sched.step()
+
+
+def state_bytes(opt):
+    return sum(v.numel() * v.element_size() for st in opt.state.values()
+               for k, v in st.items() if torch.is_tensor(v) and k != "step")
+
+
+def run(case):
+    """One case; returns the failures."""
+    OPT, PASSES, *flags = case.split(":")
+    PASSES, UNITS, PREFETCH = int(PASSES), "units" in flags, "noprefetch" not in flags
+    torch.manual_seed(1234 + R)  # every rank a different init: shard_model syncs rank 0's
+    model = Net()
+    torch.manual_seed(1234)
+    ref_model = Net()  # rank 0's init, on every rank
+    initial = copy.deepcopy(ref_model)
+    X, Y = torch.randn(STEPS, B, 13), torch.randint(0, 3, (STEPS, B))
+
+    shards = hvd.shard_model(model, units=[model.mid, model] if UNITS else None,
+                             prefetch=PREFETCH)
+    opt, sched = make_opt(model, OPT)
+    ref, rsched = make_opt(ref_model, OPT)
+    per = B // N
+    fails = []
+    for s in range(STEPS):
+        x, y = X[s, R * per:(R + 1) * per], Y[s, R * per:(R + 1) * per]
+        train_step(model, opt, sched, x, y, PASSES)
+        train_step(ref_model, ref, rsched, X[s], Y[s], 1)
+        if shards.live_bytes != 0:
+            fails.append("step %d left %d gathered bytes alive" % (s, shards.live_bytes))
+
+    # evaluation under no_grad, ranks running different numbers of forwards: unshard first
+    shards.unshard()
+    with torch.no_grad():
+        for _ in range(R + 1):
+            model(X[0])
+    whole = {k: v.clone() for k, v in model.state_dict().items()}
+    shards.reshard()
+    worst = max(((whole[k] - q).abs().max() / (q.abs().max() + 1e-12)).item()
+                for k, q in ref_model.state_dict().items())
+    moved = max(((p - q).abs().max()).item()
+                for p, q in zip(ref_model.parameters(), initial.parameters()))
+    if worst > TOL or moved < 1e-3:
+        fails.append("params vs one process: %.3g (tol %g), moved %.3g" % (worst, TOL, moved))
+
+    # a sharded forward without grad, the same count on every rank, matches too
+    with torch.no_grad():
+        got, want = model(X[1]), ref_model(X[1])
+    if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+        fails.append("no-grad sharded forward differs from one process")
+
+    # bytes per rank: parameters and optimizer state about 1/N
+    pb = shards.param_bytes()
+    mine, full = state_bytes(opt), state_bytes(ref)
+    every = hvd.allgather_object((pb["shard"], mine))
+    if sum(e[0] for e in every) != pb["full"] or \
+            pb["shard"] > pb["full"] / N + 4 * len(shards.units):  # a block: +1 element
+        fails.append("parameter bytes: this rank %d, all %s, unsharded %d"
+                     % (pb["shard"], [e[0] for e in every], pb["full"]))
+    if full and (mine > full / N * 1.05 + 64 or sum(e[1] for e in every) != full):
+        fails.append("state bytes: this rank %d, all ranks %s, unsharded %d"
+                     % (mine, [e[1] for e in every], full))
+    # gathered at once: the running unit, one prefetched, a backward one: at most three units
+    if pb["peak_gathered"] > 3 * pb["largest_unit"]:
+        fails.append("peak gathered %d > 3 x largest unit %d" % (pb["peak_gathered"],
+                                                                 pb["largest_unit"]))
+    print("[rank %d] ZERO3 %s opt=%s passes=%d units=%s prefetch=%s vs_one_process=%.3g "
+          "param_bytes=%d/%d peak_gathered=%d (largest unit %d) state_bytes=%d/%d%s"
+          % (R, "FAIL" if fails else "OK", OPT, PASSES, "mid+rest" if UNITS else "per-layer",
+             PREFETCH, worst, pb["shard"], pb["full"], pb["peak_gathered"], pb["largest_unit"],
+             mine, full, "".join("\n  " + f for f in fails)), flush=True)
+    return fails
+
+
+failed = [f for case in sys.argv[2:] for f in run(case)]
+sys.exit(1 if failed else 0)
