@@ -197,6 +197,20 @@ def test_fit_ring_exact():
         fit.fit_alpha_beta([4], [1e-6])
 
 
+def test_fit_two_regimes_token_bucket():
+    # a link shaped by a token bucket (tbf, `hpcdl vcluster --link 1gbit`): the
+    # first 128 KB of a message pass at 10 GB/s, the rest at 0.125 GB/s
+    burst, fast, slow, alpha = 128e3, 1e-10, 8e-9, 40e-6
+    sizes = [0, 4, 64, 1024, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
+    times = [alpha + min(m, burst) * fast + max(m - burst, 0) * slow for m in sizes]
+    one = fit.fit_alpha_beta(sizes, times)
+    assert one.r2 < 0.9 and abs(one.coef[1] / slow - 1) > 0.5  # one line: beta far off
+    two = fit.fit_two_regimes(sizes, times)
+    assert two.coef[1] == pytest.approx(slow, rel=0.02)
+    assert two.coef[0] == pytest.approx(alpha, rel=0.1)
+    assert fit.fit_two_regimes(sizes[:4], times[:4]) is None  # no bandwidth regime
+
+
 # ----------------------------------------------------------------------------
 # hpcdl sim scaling
 

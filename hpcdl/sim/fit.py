@@ -35,7 +35,11 @@ def fit_columns(columns, times):
                          % (x.shape[1], x.shape[1], int((t > 0).sum())))
     keep = t > 0
     coef, *_ = np.linalg.lstsq(x[keep] / t[keep, None], np.ones(keep.sum()), rcond=None)
-    model = x @ coef
+    return _scored(coef, x @ coef, t)
+
+
+def _scored(coef, model, t):
+    """The Fit of coefficients coef whose model times are model, against times t."""
     ss_tot = float(((t - t.mean()) ** 2).sum())
     r2 = 1.0 - float(((model - t) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
     rel = np.where(t > 0, (model - t) / np.where(t > 0, t, 1), 0.0)
@@ -55,3 +59,21 @@ def fit_ring(n, sizes, times):
     sizes = np.asarray(sizes, dtype=np.float64)
     return fit_columns([np.full(len(sizes), 2.0 * (n - 1)), 2.0 * (n - 1) / n * sizes],
                        times)
+
+
+def fit_two_regimes(sizes, times, ratio=100.0):
+    """For a link that one line does not fit, e.g. one shaped by a token bucket
+    (tc tbf, `hpcdl vcluster --link`): messages below its burst pass at the
+    wire's speed, the rest at the shaped rate. alpha comes from the latency
+    regime (times within 2x the smallest), beta from the bandwidth regime
+    (times >= ratio x the smallest), each by the relative fit above; the Fit
+    reports both against every point. None when a regime has < 2 points."""
+    m = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    tmin = t[t > 0].min() if (t > 0).any() else 0.0
+    small, large = (t > 0) & (t <= 2 * tmin), t >= ratio * tmin
+    if small.sum() < 2 or large.sum() < 2:
+        return None
+    alpha = fit_alpha_beta(m[small], t[small]).coef[0]
+    beta = fit_alpha_beta(m[large], t[large]).coef[1]
+    return _scored((alpha, beta), alpha + beta * m, t)
