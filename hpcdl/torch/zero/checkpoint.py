@@ -1,0 +1,254 @@
+"""checkpoint.py - sharded checkpoints of a stage-3 model (shard_model) and of
+the plain optimizer over its pieces: one file per rank plus a manifest.
+
+    DIR/rank-00000-of-00003.pt   rank 0's pieces, its optimizer state of them, its extra
+    DIR/rank-00001-of-00003.pt   ...
+    DIR/manifest.json            written last, by rank 0: the rank count and files,
+                                 every parameter's name, shape and dtype, every unit's
+                                 parameters and block counts (the layout)
+
+Every file is written under a temporary name in DIR, flushed to disk
+(fsync) and renamed: a kill leaves either the old file or the new one. The
+manifest is written only after every rank's file is on disk (the ranks agree
+first), so a directory with a manifest is a complete checkpoint.
+
+Loading on the same ranks with the same layout reads this rank's file only.
+On another rank count each rank reads every file, joins each parameter (and
+each per-element optimizer state: momentum, Adam's moments, 1-D like the
+pieces) from the old pieces and keeps its new piece: resharding, with the
+whole model passing through each rank's memory once. A manifest of another
+model (names, shapes, dtypes, parameter order), a missing rank file or
+another optimizer grouping is a ValueError on every rank, and nothing on
+disk is touched.
+"""
+import json
+import os
+
+import torch
+
+from .layout import block_counts, pieces_of
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+
+
+def rank_file(rank, size):
+    return "rank-%05d-of-%05d.pt" % (rank, size)
+
+
+def _atomic(path, write):
+    """write(f) into path via tmp + fsync + rename; returns an error text or None."""
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return None
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        return "could not write %s: %s" % (path, e)
+
+
+# ---------------------------------------------------------------- save
+def layout_of(shards):
+    """The manifest's description of the model and how it is cut."""
+    return {"params": [{"name": u.names[i], "shape": list(u.shapes[i]),
+                        "dtype": str(u.dtype).replace("torch.", ""), "unit": u.index}
+                       for u in shards.units for i in range(len(u.names))],
+            "units": [{"names": list(u.names), "numel": u.numel, "counts": list(u.counts)}
+                      for u in shards.units]}
+
+
+def _group_names(shards, optimizer):
+    """The optimizer's parameter groups as lists of parameter names (None: none)."""
+    if optimizer is None:
+        return None
+    name_of = {id(p): n for n, p, _, _ in shards.named_pieces()}
+    return [[name_of[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+
+
+def _optimizer_part(shards, optimizer):
+    """The optimizer's state and groups keyed by parameter name, not position."""
+    sd = optimizer.state_dict()
+    groups = _group_names(shards, optimizer)
+    names = [n for g in groups for n in g]
+    state = {names[i]: st for i, st in sd["state"].items()}
+    saved_groups = [dict(g, params=gn) for g, gn in zip(sd["param_groups"], groups)]
+    return {"state": state, "param_groups": saved_groups}
+
+
+def save_sharded(shards, directory, optimizer=None, extra=None):
+    """Collective: every rank writes its file into directory, then rank 0 the
+    manifest. extra: anything torch.save takes, per rank (returned by load)."""
+    comm = shards.comm
+    os.makedirs(directory, exist_ok=True)
+    part = {"format": FORMAT, "rank": comm.rank, "ranks": comm.size,
+            "params": {n: p.detach().clone() for n, p, _, _ in shards.named_pieces()},
+            "optimizer": _optimizer_part(shards, optimizer) if optimizer is not None else None,
+            "extra": extra}
+    error = _atomic(os.path.join(directory, rank_file(comm.rank, comm.size)),
+                    lambda f: torch.save(part, f))
+    comm.raise_if_any(error, OSError)
+    if comm.rank == 0:
+        manifest = dict(format=FORMAT, ranks=comm.size,
+                        files=[rank_file(r, comm.size) for r in range(comm.size)],
+                        optimizer=_group_names(shards, optimizer), **layout_of(shards))
+        error = _atomic(os.path.join(directory, MANIFEST),
+                        lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    comm.raise_if_any(error, OSError)
+
+
+# ---------------------------------------------------------------- load
+def read_manifest(directory):
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path) as f:
+            m = json.load(f)
+    except FileNotFoundError:
+        raise ValueError("%s has no %s: not a sharded checkpoint, or its save did not "
+                         "finish" % (directory, MANIFEST)) from None
+    except (OSError, ValueError) as e:
+        raise ValueError("%s cannot be read (%s)" % (path, e)) from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise ValueError("%s is not a sharded checkpoint manifest (format %d)" % (path, FORMAT))
+    return m
+
+
+def _mismatch(directory, manifest, shards, optimizer):
+    """The first way the checkpoint does not fit this model, or None."""
+    saved, here = manifest["params"], layout_of(shards)["params"]
+    if [p["name"] for p in saved] != [p["name"] for p in here]:
+        extra = sorted({p["name"] for p in saved} ^ {p["name"] for p in here})
+        return ("sharded checkpoint %s holds other parameters than this model (%s): it "
+                "was saved from another model or another parameter order"
+                % (directory, ", ".join(extra[:3]) or "same names, another order"))
+    for a, b in zip(saved, here):
+        if a["shape"] != b["shape"] or a["dtype"] != b["dtype"]:
+            return ("sharded checkpoint %s: parameter %s is %s %s there, %s %s here"
+                    % (directory, a["name"], a["dtype"], a["shape"], b["dtype"], b["shape"]))
+    if [u["names"] for u in manifest["units"]] != [u.names for u in shards.units]:
+        return ("sharded checkpoint %s groups the parameters into other units; shard the "
+                "model with the same units= as when it was saved" % directory)
+    if optimizer is not None:
+        saved, groups = manifest.get("optimizer"), _group_names(shards, optimizer)
+        if not saved:
+            return "sharded checkpoint %s holds no optimizer state" % directory
+        if saved != groups:
+            return ("sharded checkpoint %s: its optimizer grouped the parameters otherwise "
+                    "(%d groups of %s; here %d of %s); build the optimizer as before"
+                    % (directory, len(saved), [len(g) for g in saved], len(groups),
+                       [len(g) for g in groups]))
+    missing = [f for f in manifest["files"] if not os.path.exists(os.path.join(directory, f))]
+    if missing or len(manifest["files"]) != manifest["ranks"]:
+        return ("sharded checkpoint %s is missing rank file(s) %s of %d"
+                % (directory, ", ".join(missing) or "?", manifest["ranks"]))
+    return None
+
+
+def _read(directory, name):
+    return torch.load(os.path.join(directory, name), map_location="cpu", weights_only=True)
+
+
+def load_sharded(shards, directory, optimizer=None):
+    """Collective: restores this rank's pieces (and the optimizer's state of
+    them) from directory, resharding when it was saved on another rank count.
+    Returns this rank's extra (same rank count) or rank 0's (resharded)."""
+    comm = shards.comm
+    error, parts = None, None
+    try:
+        manifest = read_manifest(directory)
+        error = _mismatch(directory, manifest, shards, optimizer)
+        if error is None:
+            same = manifest["ranks"] == comm.size
+            names = [rank_file(comm.rank, comm.size)] if same else manifest["files"]
+            parts = [_read(directory, n) for n in names]
+    except ValueError as e:
+        error = str(e)
+    except Exception as e:  # torch/zip errors of a damaged rank file
+        error = ("sharded checkpoint %s cannot be read (%s: %s)"
+                 % (directory, type(e).__name__, e))
+    comm.raise_if_any(error, ValueError)
+    if len(parts) == 1:
+        _restore(shards, optimizer, lambda name, i, u: parts[0]["params"][name],
+                 (parts[0]["optimizer"] or {}).get("state", {}).get,
+                 parts[0]["optimizer"])
+        return parts[0]["extra"]
+    _reshard(shards, optimizer, manifest, parts)
+    return parts[0]["extra"]
+
+
+def _reshard(shards, optimizer, manifest, parts):
+    """This rank's pieces from the old ranks' pieces (any rank counts)."""
+    old = {}  # name -> [(start in the parameter, rank's part)] of the old pieces
+    for unit in manifest["units"]:
+        numels = [_numel(manifest, n) for n in unit["names"]]
+        counts = block_counts(unit["numel"], manifest["ranks"])
+        for r, part in enumerate(parts):
+            for c in pieces_of(numels, counts, r):
+                old.setdefault(unit["names"][c.index], []).append((c.start, part))
+
+    def join(name, get):
+        """The whole flat tensor from the old pieces that get(part) returns."""
+        spans = [(start, get(part)) for start, part in old.get(name, [])]
+        spans = [(s, t) for s, t in spans if t is not None]
+        full = torch.empty(_numel(manifest, name), dtype=spans[0][1].dtype if spans else
+                           torch.float32)
+        for start, t in spans:
+            full[start:start + t.numel()] = t.reshape(-1)
+        return full
+
+    def param(name, i, u):
+        start = u.starts[i]
+        return join(name, lambda part: part["params"][name])[start:start + u.pieces[i].numel()]
+
+    pieces_by_name = {n: (u, i) for n, _, u, i in shards.named_pieces()}
+
+    def state(name):
+        have = [p["optimizer"]["state"][name] for p in parts
+                if name in p["optimizer"]["state"]]
+        if not have:
+            return None
+        u, i = pieces_by_name[name]
+        start, n = u.starts[i], u.pieces[i].numel()
+        out = {}
+        for k, v in have[0].items():
+            if torch.is_tensor(v) and v.dim() == 1:  # per element, like the pieces
+                out[k] = join(name, lambda part: part["optimizer"]["state"]
+                              .get(name, {}).get(k))[start:start + n].clone()
+            else:
+                out[k] = v
+        return out
+
+    _restore(shards, optimizer, param, state, parts[0]["optimizer"])
+
+
+def _numel(manifest, name):
+    n = 1
+    for p in manifest["params"]:
+        if p["name"] == name:
+            for d in p["shape"]:
+                n *= d
+            return n
+    raise KeyError(name)
+
+
+@torch.no_grad()
+def _restore(shards, optimizer, param, state, saved_opt):
+    for name, piece, u, i in shards.named_pieces():
+        piece.copy_(param(name, i, u))
+    if optimizer is None:
+        return
+    flat = [n for g in _group_names(shards, optimizer) for n in g]
+    sd = {"state": {}, "param_groups": []}
+    for j, n in enumerate(flat):
+        st = state(n)
+        if st is not None:
+            sd["state"][j] = st
+    at = 0
+    for g in saved_opt["param_groups"]:
+        sd["param_groups"].append(dict(g, params=list(range(at, at + len(g["params"])))))
+        at += len(g["params"])
+    optimizer.load_state_dict(sd)

@@ -1,0 +1,123 @@
+"""zero3_checkpoint.py - run under mpirun: sharded checkpoints of a stage-3
+model and its optimizer (hpcdl.torch.zero.checkpoint), saved on one rank
+count and loaded on the same or another.
+
+argv: save|load DIR [CASE...]: first zero3_exact.py's cases (tolerance 1e-6),
+in the same launch. The model and step are zero3_exact.py's (uneven
+sizes, Adam, two parameter groups, StepLR). `save` (run it on 3 ranks) trains
+3 steps, saves to DIR, loads DIR into a fresh sharded model and optimizer on
+the same ranks and checks that both take bit-identical next steps; then the
+refusals: a manifest of another model, a missing rank file, another
+optimizer grouping: a ValueError on every rank, and no file in DIR changed.
+`load` (run it on 2 ranks: resharding) loads DIR into a fresh model, trains
+3 more steps and compares with one process that trained all 6 steps (within
+1e-6 relative). Prints 'CKPT OK' per rank, exits non-zero on any failure."""
+import hashlib
+import os
+import shutil
+import sys
+
+import torch
+import torch.nn as nn
+
+import hpcdl.torch as hvd
+from hpcdl.torch.zero.checkpoint import load_sharded, rank_file, save_sharded
+from zero3_exact import B, N, R, Net, make_opt, run, train_step
+
+MODE, DIR = sys.argv[1], sys.argv[2]
+fails = [f for case in sys.argv[3:] for f in run(case, 1e-6)]
+STEPS = 6
+torch.manual_seed(1234)
+ref_model = Net()
+X, Y = torch.randn(STEPS, B, 13), torch.randint(0, 3, (STEPS, B))
+per = B // N
+
+
+def sharded(seed):
+    torch.manual_seed(seed)
+    model = Net()
+    shards = hvd.shard_model(model, sync=False)  # the checkpoint, not rank 0, sets them
+    opt, sched = make_opt(model, "adam")
+    return model, shards, opt, sched
+
+
+def steps(model, opt, sched, first, last):
+    for s in range(first, last):
+        train_step(model, opt, sched, X[s, R * per:(R + 1) * per],
+                   Y[s, R * per:(R + 1) * per], 1)
+
+
+def whole(shards):
+    shards.unshard()
+    out = {k: v.clone() for k, v in shards.model.state_dict().items()}
+    shards.reshard()
+    return out
+
+
+def digest(directory):
+    return {f: hashlib.sha256(open(os.path.join(directory, f), "rb").read()).hexdigest()
+            for f in sorted(os.listdir(directory))}
+
+
+def refused(what, words, call):
+    try:
+        call()
+        fails.append("%s: accepted" % what)
+    except ValueError as e:
+        if words not in str(e) or "\n" in str(e):
+            fails.append("%s: unclear message %r" % (what, str(e)))
+
+
+if MODE == "save":
+    torch.manual_seed(1234)
+    model = Net()
+    shards = hvd.shard_model(model)
+    opt, sched = make_opt(model, "adam")
+    steps(model, opt, sched, 0, 3)
+    save_sharded(shards, DIR, opt, extra={"scheduler": sched.state_dict()})
+    before = digest(DIR)
+    again, again_shards, again_opt, again_sched = sharded(99 + R)
+    extra = load_sharded(again_shards, DIR, again_opt)
+    again_sched.load_state_dict(extra["scheduler"])
+    steps(model, opt, sched, 3, 4)
+    steps(again, again_opt, again_sched, 3, 4)
+    a, b = whole(shards), whole(again_shards)
+    if any(not torch.equal(a[k], b[k]) for k in a):
+        fails.append("loaded on the same ranks, the next step differs")
+
+    class Wider(Net):  # another model: fc2 has other shapes
+        def __init__(self):
+            super().__init__()
+            self.fc2 = nn.Linear(7, 4)
+    other = Wider()
+    refused("another model", "parameter fc2.weight", lambda: load_sharded(
+        hvd.shard_model(other), DIR))
+    m2, s2, _, _ = sharded(5)
+    refused("another optimizer grouping", "grouped the parameters otherwise",
+            lambda: load_sharded(s2, DIR, torch.optim.Adam(m2.parameters())))
+    broken = DIR + ".broken"
+    if R == 0:
+        shutil.copytree(DIR, broken)
+        os.unlink(os.path.join(broken, rank_file(1, N)))
+    hvd.allgather_object(None)  # every rank waits for the copy
+    refused("a missing rank file", rank_file(1, N), lambda: load_sharded(s2, broken))
+    if digest(DIR) != before:
+        fails.append("the refused loads changed files in %s" % DIR)
+else:
+    model, shards, opt, sched = sharded(7 + R)
+    extra = load_sharded(shards, DIR, opt)
+    sched.load_state_dict(extra["scheduler"])
+    steps(model, opt, sched, 3, STEPS)
+    ref, rsched = make_opt(ref_model, "adam")
+    for s in range(STEPS):
+        train_step(ref_model, ref, rsched, X[s], Y[s], 1)
+    got = whole(shards)
+    worst = max(((got[k] - v).abs().max() / (v.abs().max() + 1e-12)).item()
+                for k, v in ref_model.state_dict().items())
+    MODE += " (3 more steps: %.3g from one process)" % worst
+    if worst > 1e-6:
+        fails.append("resharded from the saved ranks, 3 more steps: %.3g from one process"
+                     % worst)
+print("[rank %d] CKPT %s %s on %d ranks%s" % (R, "FAIL" if fails else "OK", MODE, N,
+                                             "".join("\n  " + f for f in fails)), flush=True)
+sys.exit(1 if fails else 0)
