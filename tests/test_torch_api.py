@@ -237,7 +237,9 @@ def test_functions_and_sync_batch_norm(n, part):
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_process_sets_names_shapes_sparse(n):
     # process sets (even / odd / overlapping), bad input on every rank, names
-    # in flight, shape agreement, sparse all-reduce and sparse embeddings
+    # in flight (an allgather_async queued while the others wait in barrier),
+    # shape agreement, sparse all-reduce and sparse embeddings, join() (each
+    # rank joining first, ranks running different numbers of steps)
     r = run_python(n, os.path.join(SCRIPTS, "torch_process_sets_check.py"), timeout=300)
     assert "FAILED 0" in r.stdout, r.stdout
 

@@ -11,6 +11,14 @@ reduce-scatter without waiting: it uses Communicator.<kind>_async (the
 engine thread), or, on a Communicator without one, runs the blocking call
 and hands back a finished handle.
 
+Deferred data (all-gather): an all-gather's counts come from its
+descriptor round (_shapes.py), so its data can be queued only once that
+round is done. Later holds it; it is queued at the next point that is the
+same on every rank: this communicator's next claim() (any hpcdl.torch
+operation), or a poll / synchronize of its handle. So *_async never waits
+for the other ranks, and every engine still runs the same items in the same
+order.
+
 Names: as in Horovod, a name may be in flight only once per communicator
 (process set) at a time; claim(name) refuses a second one at once with
 Horovod's message, before anything is queued. Errors that come out of
@@ -24,6 +32,7 @@ from .exceptions import as_internal
 _pending = {}                 # int handle -> _Pending
 _in_flight = set()            # (id of the Communicator, name) of every _Pending
 _next_id = itertools.count(1)
+_deferred = []                # Later items not queued yet, in submission order
 
 
 class Done:
@@ -46,6 +55,48 @@ class _Pending:
         self.check = check    # None, or a callable that raises when ranks disagreed
 
 
+class Later:
+    """A comm-style handle for data that is queued once round (a comm
+    handle) is done: launch() then returns the comm handle of the data, or
+    None when there is nothing to send (the ranks disagreed: the check says
+    why, on every rank alike)."""
+
+    def __init__(self, on, round_handle, launch):
+        self.on, self._round, self._launch, self._h = on, round_handle, launch, None
+        self.queued = False
+        _deferred.append(self)
+
+    def queue(self):
+        """Queues every deferred item of this communicator up to this one."""
+        while not self.queued:
+            first = next((d for d in _deferred if d.on is self.on), self)
+            if first is self and self not in _deferred:  # cleared by shutdown
+                self.queued = True
+                break
+            _deferred.remove(first) if first in _deferred else None
+            first.queued = True
+            try:
+                first._round.wait()
+            except Exception:  # noqa: BLE001 - synchronize reports the round's error
+                continue
+            first._h = first._launch()
+
+    def poll(self):
+        self.queue()
+        return self._h is None or self._h.poll()
+
+    def wait(self):
+        self.queue()
+        return None if self._h is None else self._h.wait()
+
+
+def flush(on):
+    """Queues the deferred data of Communicator on (waits for their rounds)."""
+    mine = [d for d in _deferred if d.on is on]
+    if mine:
+        mine[-1].queue()
+
+
 def world():
     """The hpcdl Communicator; hpcdl.torch never starts MPI behind your back."""
     if not comm.is_initialized():
@@ -55,12 +106,14 @@ def world():
 
 def claim(name, on, kind):
     """Raises ValueError (Horovod's words) when name is already in flight on
-    Communicator `on`: call before queuing anything."""
+    Communicator `on`: call before queuing anything. Then queues on's
+    deferred data, which must come before what the caller queues."""
     if (id(on), name) in _in_flight:
         raise ValueError("Requested to %s a tensor with the same name as another tensor that "
                          "is currently being processed. If you want to request another "
                          "tensor, use a different tensor name. (name %r; synchronize the "
                          "first handle before reusing it)" % (kind, name))
+    flush(on)
 
 
 def register(handles, finish, name, on=None, check=None):
@@ -122,6 +175,7 @@ def synchronize(handle):
 def clear():
     _pending.clear()
     _in_flight.clear()
+    _deferred.clear()
 
 
 def _get(handle):

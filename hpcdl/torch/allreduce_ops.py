@@ -54,7 +54,8 @@ def _start(tensor, inplace, name, op, prescale, postscale, process_set=None):
         recv = t
     else:
         recv = torch.empty_like(t, memory_format=torch.contiguous_format)
-    shape_h, check = start_check(on, [t], "allreduce", name)
+    shape_h, check = start_check(on, [t], "allreduce", name, op=code,
+                                 items=[(send.numel(), send.dtype)])
     h = on.allreduce_async(send, None if recv is send else recv, op=code, name=name)
 
     def finish():
@@ -71,17 +72,18 @@ def _start_grouped(tensors, inplace, name, op, prescale, postscale, process_set=
     code = comm_op(op)
     on = comm_of(process_set, "grouped_allreduce")
     _handles.claim(name, on, "allreduce")
-    shape_h, check = start_check(on, [t.detach() for t in tensors], "allreduce", name)
     groups = {}  # wire dtype -> positions, in first-seen order (the same on every rank)
     for i, t in enumerate(tensors):
         groups.setdefault(wire_dtype(t.dtype), []).append(i)
-    handles, plans = [shape_h], []
-    for dtype, idx in groups.items():
-        flat = torch.cat([to_wire(tensors[i].detach()).reshape(-1) for i in idx])
+    plans = [(idx, torch.cat([to_wire(tensors[i].detach()).reshape(-1) for i in idx]))
+             for idx in groups.values()]
+    shape_h, check = start_check(on, [t.detach() for t in tensors], "allreduce", name,
+                                 op=code, items=[(f.numel(), f.dtype) for _, f in plans])
+    handles = [shape_h]
+    for dtype, (idx, flat) in zip(groups, plans):
         scale_(flat, prescale)
         label = "%s.%s" % (name, str(dtype).replace("torch.", ""))
         handles.append(on.allreduce_async(flat, op=code, name=label))
-        plans.append((idx, flat))
 
     def finish():
         outs = [None] * len(tensors)

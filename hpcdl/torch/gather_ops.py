@@ -18,7 +18,10 @@ ranks' losses).
 
 Every call takes process_set= (process_sets.py): it runs on that set's
 Communicator; root_rank stays a global rank, as in Horovod. All-reduce-like
-calls (broadcast, reducescatter) check that shapes agree (_shapes.start_check).
+calls (broadcast, reducescatter) check that shapes agree, and allgather
+learns every rank's rows, in a descriptor round queued ahead of the data
+(_shapes.start_check, start_round): none of the _async calls waits for the
+other ranks. With a rank that called hvd.join(), all three raise (_join.py).
 """
 import math
 
@@ -26,7 +29,7 @@ import torch
 
 from . import _handles
 from ._basics import Adasum, Average, Sum, comm_op
-from ._shapes import check_rows_agree, gather_shapes, start_check
+from ._shapes import DIMS, check_rows, descriptor, start_check, start_round
 from ._wire import (deliver, from_wire, on_host, owned_host_wire, scale_, to_wire,
                     wire_shape)
 from .allreduce_ops import allreduce, auto_name, grouped_allreduce
@@ -36,22 +39,45 @@ from .process_sets import comm_of, global_process_set, set_root
 
 # ------------------------------------------------------------------ starts
 def _start_allgather(tensor, name, process_set=None):
-    """(handle, offset of this rank's rows in the result)."""
+    """(handle, offset()): offset() is where this rank's rows start in the
+    result, known once the handle is done. Nothing here waits for the other
+    ranks: the counts come from the descriptor round, and the data is queued
+    after it (_handles.Later)."""
     on = comm_of(process_set, "allgather")
     _handles.claim(name, on, "allgather")
-    t = tensor.detach()
-    t = t.reshape(1) if t.dim() == 0 else t
-    shapes = gather_shapes(t, "allgather", on)
-    check_rows_agree(shapes, "allgather")
-    send = to_wire(t).contiguous() if t.device.type == "cpu" else owned_host_wire(t)
-    row = math.prod(wire_shape(t)[1:])
-    out = torch.empty((sum(s[0] for s in shapes),) + tuple(send.shape[1:]),
-                      dtype=send.dtype, device=send.device)
-    h = _handles.start("allgather", send, out, counts=[s[0] * row for s in shapes],
-                       name=name, on=on)
-    offset = sum(s[0] for s in shapes[:on.rank])
-    return _handles.register([h], lambda: from_wire(out, t.dtype).to(t.device), name,
-                             on), offset
+    try:
+        t = tensor.detach()
+        t = t.reshape(1) if t.dim() == 0 else t
+        send = to_wire(t).contiguous() if t.device.type == "cpu" else owned_host_wire(t)
+        row = math.prod(wire_shape(t)[1:])
+    except (AttributeError, TypeError) as e:  # take part in the round, so the others raise
+        h, _ = start_round(on, descriptor("allgather", None), name)
+        h.wait()
+        if isinstance(e, AttributeError):
+            raise TypeError("allgather: expected a torch tensor, got %s"
+                            % type(tensor).__name__) from None
+        raise
+    round_h, rows = start_round(on, descriptor("allgather", [t], row_elems=row,
+                                               varying_rows=True), name)
+    out = []
+
+    def check():
+        check_rows(rows, "allgather", name, varying_rows=True)
+
+    def launch():
+        try:
+            check()
+        except RuntimeError:
+            return None  # the same rows everywhere: no rank sends, check() raises
+        firsts = rows[:, DIMS].tolist()
+        out.append(torch.empty((sum(firsts),) + tuple(send.shape[1:]), dtype=send.dtype,
+                               device=send.device))
+        return _handles.start("allgather", send, out[0], counts=[n * row for n in firsts],
+                              name=name, on=on)
+    data = _handles.Later(on, round_h, launch)
+    h = _handles.register([round_h, data], lambda: from_wire(out[0], t.dtype).to(t.device),
+                          name, on, check)
+    return h, lambda: int(rows[:on.rank, DIMS].sum())
 
 
 def _start_broadcast(tensor, root_rank, inplace, name, process_set=None):
@@ -60,7 +86,8 @@ def _start_broadcast(tensor, root_rank, inplace, name, process_set=None):
     _handles.claim(name, on, "broadcast")
     t = tensor.detach()
     buf = t if (inplace and on_host(t)) else owned_host_wire(t)
-    shape_h, check = start_check(on, [t], "broadcast", name)
+    shape_h, check = start_check(on, [t], "broadcast", name, root=root,
+                                 items=[(buf.numel(), buf.dtype)])
     h = _handles.start("broadcast", buf, root=root, name=name, on=on)
     return _handles.register([shape_h, h], lambda: deliver(tensor, t, buf, inplace), name,
                              on, check)
@@ -82,7 +109,8 @@ def _start_reducescatter(tensor, name, op, prescale, postscale, process_set=None
     row = math.prod(wire_shape(t)[1:])
     out = torch.empty((rows[w.rank],) + tuple(send.shape[1:]), dtype=send.dtype,
                       device=send.device)
-    shape_h, check_shapes = start_check(w, [t0], "reducescatter", name)
+    shape_h, check_shapes = start_check(w, [t0], "reducescatter", name, op=code,
+                                        items=[(send.numel(), send.dtype)], row_elems=row)
     h = _handles.start("reduce_scatter", send, out, counts=[n * row for n in rows],
                        op=code, name=name, on=w)
 
@@ -103,8 +131,10 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
         ctx.shape, ctx.process_set = tensor.shape, process_set
-        handle, ctx.offset = _start_allgather(tensor, name, process_set)
-        return _handles.synchronize(handle)
+        handle, offset = _start_allgather(tensor, name, process_set)
+        out = _handles.synchronize(handle)
+        ctx.offset = offset()
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -206,9 +236,10 @@ class _GroupedAllgather(torch.autograd.Function):
         on = comm_of(process_set, "grouped_allgather")
         starts = [_start_allgather(t, "%s.%d" % (name, i), process_set)
                   for i, t in enumerate(tensors)]
-        ctx.shapes, ctx.offsets = [t.shape for t in tensors], [o for _, o in starts]
-        ctx.process_set = process_set
-        return tuple(_handles.synchronize(_handles.combine([h for h, _ in starts], name, on)))
+        ctx.shapes, ctx.process_set = [t.shape for t in tensors], process_set
+        outs = _handles.synchronize(_handles.combine([h for h, _ in starts], name, on))
+        ctx.offsets = [o() for _, o in starts]
+        return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):

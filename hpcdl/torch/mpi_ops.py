@@ -2,10 +2,9 @@
 `from horovod.torch.mpi_ops import allreduce_async_` style imports port over
 as `from hpcdl.torch.mpi_ops import allreduce_async_`. The work lives in
 _basics (init, topology, ops), allreduce_ops, gather_ops, alltoall_ops and
-_handles (poll / synchronize); join and barrier are here.
+_handles (poll / synchronize), _join (join); barrier and sparse_allreduce
+are here.
 """
-import time
-
 import torch
 
 from ._basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_built, comm_op,
@@ -15,6 +14,7 @@ from ._basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_bui
                       mpi_enabled,
                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from ._handles import poll, synchronize, world
+from ._join import join
 from .allreduce_ops import (auto_name, allreduce, allreduce_, allreduce_async, allreduce_async_,
                             grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
                             grouped_allreduce_async_)
@@ -58,22 +58,6 @@ def sparse_allreduce(tensor, name=None, op=Average, process_set=global_process_s
     """sparse_allreduce_async(...)() with an automatic name."""
     return sparse_allreduce_async(tensor, auto_name(name, "sparse_allreduce"), op,
                                   process_set)()
-
-
-def join(device=-1):
-    """Collective: returns once every rank has called join(), with the rank
-    that called it last (agreed through one all-gather of arrival times;
-    ties go to the higher rank).
-
-    Unlike Horovod, ranks that have joined do not keep answering the other
-    ranks' all-reduces with zeros: every rank must make the same collective
-    calls before join(). For uneven data, give every rank the same number
-    of batches (torch's DistributedSampler pads to equal shards). device is
-    accepted for Horovod compatibility and unused.
-    """
-    arrived = torch.tensor([time.time()], dtype=torch.float64)
-    times = world().allgather(arrived).tolist()
-    return max(range(len(times)), key=lambda r: (times[r], r))
 
 
 __all__ = [

@@ -15,8 +15,18 @@ on rank- and position-dependent data.
            name is free again after synchronize
   shapes:  equal counts, different shapes ([17, 1311] vs [17, 23, 57]) ->
            HorovodInternalError (and MismatchError) on every rank naming both
+           and, as in Horovod's test, rank 0 queuing an allgather_async long
+           before the others (it must not wait for them)
   sparse:  sparse_allreduce_async equals the dense all-reduce; a sparse
            embedding trains with SparseAdam (sparse_as_dense on and off)
+  join:    each rank in turn joins first (and two at once): the others'
+           allreduce / grouped_allreduce (Sum, Average, Max; float, int)
+           equal the math over the ranks that have not joined, the joined
+           ones counting as zeros and Average still dividing by size;
+           allgather / broadcast / reducescatter raise Horovod's "not
+           supported with Join" on every rank that called them; join()
+           returns the last rank to join, the same everywhere; ranks run
+           different numbers of steps
 Prints 'CHECKS n FAILED k'."""
 import warnings
 
@@ -173,6 +183,17 @@ def names():
                      ["same name as another tensor", "dup." + kind], "duplicate %s" % kind)
         hvd.synchronize(h)
         hvd.synchronize(start("dup." + kind))  # free again after synchronize
+    # Horovod's test: rank 0 queues (and refuses a duplicate) while the others
+    # are still in a barrier; the first handle completes once they queue theirs
+    handles = []
+    for turn in (0, 1):
+        if (R == 0) == (turn == 0):
+            handles.append(hvd.allgather_async(x, name="dup.late"))
+            expect_error(lambda: hvd.allgather_async(x, name="dup.late"), ValueError,
+                         ["same name"], "duplicate allgather while the others wait")
+        hvd.barrier()
+    close(hvd.synchronize(handles[0]), torch.cat([values(k, (6, 2)) for k in range(N)]),
+          "allgather queued before the others arrived")
 
 
 def shapes():
@@ -243,5 +264,37 @@ def optimizer_internals():
           in str(ws[0].message), "Horovod's step-after-synchronize warning")
 
 
+def join():
+    if not section("join"):
+        return
+    x = values(R, (5, 3))
+    for first in list(range(N)) + ([[0, N - 1]] if N > 2 else []):
+        firsts = first if isinstance(first, list) else [first]
+        live = [k for k in range(N) if k not in firsts]
+        if R not in firsts:
+            for kind, fn in (("Allgather", lambda: hvd.allgather(x)),
+                             ("Broadcast", lambda: hvd.broadcast(x, live[0])),
+                             ("Reducescatter", lambda: hvd.reducescatter(x))):
+                expect_error(fn, hvd.HorovodInternalError,
+                             ["%s is not supported with Join" % kind], "join: " + kind)
+            for step in range(2 + R):  # ranks run different numbers of steps
+                mine = x + step
+                want = sum(values(k, (5, 3)) + step for k in live if step < 2 + k)
+                close(hvd.allreduce(mine, op=hvd.Sum, name="join.sum"), want,
+                      "join %s step %d: Sum over the ranks not joined" % (first, step))
+                close(hvd.allreduce(mine, name="join.avg"), want / N,
+                      "join %s step %d: Average divides by size (Horovod)" % (first, step))
+                got = hvd.grouped_allreduce([mine, mine.to(torch.int32)], op=hvd.Sum)
+                close(got[1], want.to(torch.int32), "join %s: grouped int32" % first)
+                close(hvd.allreduce(-mine.abs() - 1, op=hvd.Max), torch.zeros(5, 3).double(),
+                      "join %s: Max sees the joined ranks' zeros" % first)
+        last = hvd.join()
+        every = hvd.allgather_object(last)
+        check(every == [max(live)] * N, "join %s returned %s, want %d everywhere (the rank "
+              "with the most steps)" % (first, every, max(live)))
+    close(hvd.allreduce(values(R, (3,)), op=hvd.Sum), set_math(range(N), (3,), hvd.Sum),
+          "the world works as usual after join")
+
+
 if __name__ == "__main__":
-    run(sets, bad_input, names, shapes, sparse, optimizer_internals)
+    run(sets, bad_input, names, shapes, sparse, optimizer_internals, join)
