@@ -65,8 +65,8 @@ args.cuda = not args.no_cuda and torch.cuda.is_available()
 hvd.init()
 
 if args.cuda:
-    # Horovod: pin GPU to local rank.
-    torch.cuda.set_device(hvd.local_rank())
+    # Horovod: pin GPU to local rank (ranks share GPUs when there are fewer)
+    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     torch.backends.cudnn.benchmark = True
 else:
     # ranks on one node share its cores: split them, or the threads fight

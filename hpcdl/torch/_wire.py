@@ -90,10 +90,18 @@ def wire_dtype(dtype):
     return _WIDEN.get(dtype, dtype)
 
 
-def scale_(t, factor):
-    """t *= factor in place; integer tensors are truncated back to their dtype."""
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def scale_(t, factor, gpu=None):
+    """t *= factor in place; integer tensors are truncated back to their dtype.
+    16-bit floats of a GPU tensor (gpu: whether the caller's tensor is on one,
+    default t's own device) are scaled by the factor rounded to their dtype,
+    as Horovod's GPU kernels do; on the CPU the factor stays a float32."""
     if factor == 1.0:
         return t
+    if t.dtype in _HALF and (t.is_cuda if gpu is None else gpu):
+        factor = torch.tensor(factor, dtype=t.dtype).item()
     if t.dtype.is_floating_point or t.is_complex():
         return t.mul_(factor)
     return t.copy_(t.to(torch.float64) * factor)

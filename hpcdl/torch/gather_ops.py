@@ -105,7 +105,7 @@ def _start_reducescatter(tensor, name, op, prescale, postscale, process_set=None
     rows = [q + (1 if r < extra else 0) for r in range(w.size)]
     send = t if (on_host(t) and prescale == 1.0) else owned_host_wire(t)
     if send is not t:
-        scale_(send, prescale)
+        scale_(send, prescale, gpu=t.is_cuda)
     row = math.prod(wire_shape(t)[1:])
     out = torch.empty((rows[w.rank],) + tuple(send.shape[1:]), dtype=send.dtype,
                       device=send.device)
@@ -121,7 +121,7 @@ def _start_reducescatter(tensor, name, op, prescale, postscale, process_set=None
                              "scalar cannot be scattered over ranks)")
 
     def finish():
-        scale_(out, postscale)
+        scale_(out, postscale, gpu=t.is_cuda)
         return from_wire(out, t.dtype).to(t.device)
     return _handles.register([shape_h, h], finish, name, w, check)
 

@@ -98,6 +98,10 @@ static void one(hpcdl_ctx *ctx, const char *path, size_t count, hpcdl_dtype d, h
     memset(got, 0xff, bytes); // poison (NaN, -1): what a missing wait would read
     CUDA_OK(cudaMemcpy(dsend, got, bytes, cudaMemcpyHostToDevice));
     if (!in_place) CUDA_OK(cudaMemcpy(drecv, got, bytes, cudaMemcpyHostToDevice));
+    // cudaMemcpy from pageable memory may return before its DMA lands, and the
+    // producer's non-blocking stream does not wait for the legacy one: without
+    // this the poison could land after the input (seen on an H100, in place)
+    CUDA_OK(cudaDeviceSynchronize());
     produce(dsend, in, bytes);
     hpcdl_mem mem = {my_dev, prod};
     if (async) {

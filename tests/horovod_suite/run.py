@@ -11,6 +11,7 @@ repository. Not part of `make test`: it needs a Horovod checkout.
     git clone https://github.com/horovod/horovod /tmp/horovod
     .venv/bin/python tests/horovod_suite/run.py --repo /tmp/horovod        # all 115
     .venv/bin/python tests/horovod_suite/run.py --repo /tmp/horovod -k process_set -j 2
+    .venv/bin/python tests/horovod_suite/run.py --test-file test_torch.py     # a copy of it
 
 Prints one line per test (PASS / FAIL / TIMEOUT / SKIP, seconds) and a total;
 --log DIR keeps each test's output. Exit status 1 when any test failed or
@@ -40,9 +41,13 @@ def git_show(repo, rev, path):
                           check=True, capture_output=True, text=True).stdout
 
 
-def prepare(repo, rev, folder):
+def prepare(repo, rev, folder, test_file=None):
     """Writes the changed test file and its utils into folder; returns the test path."""
-    source = git_show(repo, rev, "test/parallel/test_torch.py")
+    if test_file:
+        with open(test_file) as f:
+            source = f.read()
+    else:
+        source = git_show(repo, rev, "test/parallel/test_torch.py")
     if IMPORT_LINE not in source:
         sys.exit("run.py: %r not found in test_torch.py at %s" % (IMPORT_LINE, rev))
     os.makedirs(os.path.join(folder, "parallel"))
@@ -132,7 +137,9 @@ def run_one(path, name, ranks, timeout, log_dir, hpcdl_dir):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repo", required=True, help="a Horovod git checkout (or bare git dir)")
+    p.add_argument("--repo", help="a Horovod git checkout (or bare git dir)")
+    p.add_argument("--test-file", help="Horovod's test/parallel/test_torch.py itself, instead "
+                   "of --repo (for a machine without git or network)")
     p.add_argument("--rev", default="v0.28.1", help="tag or commit (default v0.28.1)")
     p.add_argument("-n", "--ranks", type=int, default=2)
     p.add_argument("--timeout", type=float, default=60, help="seconds per test (60)")
@@ -142,10 +149,12 @@ def main():
     p.add_argument("--hpcdl", default=REPO, help="folder holding the hpcdl package to test "
                    "(default: this checkout; a copy keeps a baseline run steady)")
     args = p.parse_args()
+    if not (args.repo or args.test_file):
+        p.error("give --repo (a Horovod checkout) or --test-file (its test_torch.py)")
     if args.log:
         os.makedirs(args.log, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="hvd_suite_") as folder:
-        path = prepare(args.repo, args.rev, folder)
+        path = prepare(args.repo, args.rev, folder, args.test_file)
         names = [n for n in test_names(path) if args.k is None or args.k in n]
         counts = {"PASS": 0, "FAIL": 0, "TIMEOUT": 0, "SKIP": 0}
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
