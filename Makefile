@@ -229,7 +229,7 @@ MPICH_TREE := build/mpich-checkout
 # mpi4py at -O0: about 50 s of CPU instead of 5-6 min at -O3 here; the tests do not time it
 MPICH_MPI4PY_CFLAGS ?= -O0
 MPICH_TESTS := tests/test_mpi_match.py tests/test_comm.py tests/test_torch_api.py \
-	tests/test_torch_optimizer.py tests/test_train.py
+	tests/test_torch_optimizer.py tests/test_train.py tests/test_vcluster_mpich.py
 # test_train's parameter-server modes and HDF5 input (a sixth of the MPICH pytest
 # time) say nothing about the MPI that the all-reduce training above does not;
 # 4-rank variants are left out too (HPCDL_TEST_MAX_RANKS=3, tests/conftest.py):
