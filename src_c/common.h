@@ -64,6 +64,8 @@ typedef struct {
 // MPI_Wait: MPICH's MPI_Wait spins without yielding, so a waiting rank would hold
 // the core its peer needs to send. Returns an MPI error code.
 int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req);
+// The same, filling *status (a receive's source and count).
+int hpcdl_team_wait_status(const hpcdl_team *t, MPI_Request *req, MPI_Status *status);
 
 static inline int hpcdl_team_urgent(const hpcdl_team *t) {
     return t->urgent && __atomic_load_n(t->urgent, __ATOMIC_RELAXED) > 0;

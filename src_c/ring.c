@@ -69,11 +69,18 @@ static int step(const hpcdl_step *a, const char *src, size_t sn, char *dst, size
         // finish chunk k-1: reduce it while chunk k is in flight
         if (k > 0) {
             size_t j = k - 1, ro = j * a->chunk;
-            MPI_CHECK(hpcdl_team_wait(a->team, &rq[j % 2][1]));
-            if (own && ro < rn) {
-                size_t len = rn - ro < a->chunk ? rn - ro : a->chunk;
-                HPCDL_TRY(reduce(a, dst + ro, a->tmp[j % 2], own + ro, len / esz));
-            }
+            size_t len = ro < rn ? (rn - ro < a->chunk ? rn - ro : a->chunk) : 0;
+            MPI_Status st;
+            int got = 0;
+            MPI_CHECK(hpcdl_team_wait_status(a->team, &rq[j % 2][1], &st));
+            // a shorter message than posted is no MPI error, but it means the
+            // ranks disagree on the sizes: fail rather than reduce stale bytes
+            if (len && (MPI_Get_count(&st, MPI_BYTE, &got) != MPI_SUCCESS || (size_t)got != len))
+                return hpcdl_fail(HPCDL_ERR_MISMATCH, "ring step: received %d bytes from rank "
+                                  "%d, expected %zu; the ranks disagree on the buffer size "
+                                  "(run with the agreement check on to see which)", got,
+                                  a->from, len);
+            if (own && len) HPCDL_TRY(reduce(a, dst + ro, a->tmp[j % 2], own + ro, len / esz));
             MPI_CHECK(hpcdl_team_wait(a->team, &rq[j % 2][0]));
         }
     }

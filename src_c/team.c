@@ -83,10 +83,14 @@ int hpcdl_team_free(hpcdl_team *t) {
 
 // Local call. Returns an MPI error code, for MPI_CHECK.
 int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req) {
-    if (!t->polite && !t->crowded) return MPI_Wait(req, MPI_STATUS_IGNORE);
+    return hpcdl_team_wait_status(t, req, MPI_STATUS_IGNORE);
+}
+
+int hpcdl_team_wait_status(const hpcdl_team *t, MPI_Request *req, MPI_Status *status) {
+    if (!t->polite && !t->crowded) return MPI_Wait(req, status);
     long sleep_ns = 2000;
     for (unsigned spins = 0;; spins++) {
-        int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        int done = 0, rc = MPI_Test(req, &done, status);
         if (rc != MPI_SUCCESS || done) return rc;
         if (spins < 64) continue; // a message due any moment: keep testing
         if (!t->polite) { // crowded: the peer we wait for may need this core

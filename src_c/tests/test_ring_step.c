@@ -9,6 +9,7 @@
  *   mpirun -n 3 src_c/build/test_ring_step
  */
 #include <mpi.h>
+#include <string.h>
 #include "common.h"
 #include "testutil.h"
 
@@ -69,6 +70,19 @@ static void run_step(hpcdl_team *t, size_t count, int mode) {
     free(tmp);
 }
 
+// Every rank sends one element fewer than its peer expects, in the same
+// number of chunks: MPI reports no error for a short message, the step must.
+static void short_message(hpcdl_team *t) {
+    int r = t->rank;
+    size_t bytes = 15 * 4, chunk = 64;
+    char src[64] = {0}, dst[64], tmp[128];
+    hpcdl_step s = {t, t->world, (r + 1) % t->size, hpcdl_mod(r - 1, t->size), TAG + 1,
+                    HPCDL_FLOAT32, HPCDL_SUM, chunk, {tmp, tmp + chunk}, NULL, NULL};
+    int rc = hpcdl_ring_step(&s, src, bytes - 4, dst, bytes, NULL);
+    CHECK(rc == HPCDL_ERR_MISMATCH && strstr(hpcdl_last_error(), "received 56 bytes"),
+          "rank %d: a short message gave %d (%s)", r, rc, hpcdl_last_error());
+}
+
 int main(int argc, char **argv) {
     int provided;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -78,6 +92,7 @@ int main(int argc, char **argv) {
     for (int mode = 0; mode < 3; mode++)
         for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
             run_step(&t, counts[i], mode);
+    short_message(&t);
     OK(hpcdl_team_free(&t));
     int failures = 0;
     MPI_Allreduce(&g_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
