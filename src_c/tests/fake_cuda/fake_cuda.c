@@ -11,6 +11,7 @@
  *                  FAKE_CUDA_DELAY_US, so a missing wait reads stale data.
  *   events         a generation per record; queries, waits, stream waits.
  *   contexts       a flag per device, set by anything that needs one.
+ * copies          CUDA's rules for pageable host memory (copy() below).
  * Not modelled: the legacy stream's implicit sync with blocking streams,
  * peer access, graphs, async error reporting.
  */
@@ -404,17 +405,48 @@ cudaError_t cudaDeviceSynchronize(void) {
 // ----------------------------------------------------------------------------
 // copies, kernels
 
+// 1 when p is pageable host memory: no allocation (device, managed or
+// cudaMallocHost) covers it.
+static int pageable(const void *p) {
+    pthread_mutex_lock(&mu);
+    int yes = find_locked(p) == NULL;
+    pthread_mutex_unlock(&mu);
+    return yes;
+}
+
+// CUDA's rules for pageable host memory ("API synchronization behavior"),
+// for cudaMemcpy and cudaMemcpyAsync alike: host to device syncs the stream,
+// copies the source to a staging buffer and returns while the transfer is
+// still queued (so its bytes may land after work on other streams); device
+// to host returns only once the copy is done. Pinned memory: queued, and
+// cudaMemcpy waits for it. The first GPU run found a test relying on
+// cudaMemcpy having landed; this is the semantics it met there.
+static cudaError_t copy(void *dst, const void *src, size_t n, cudaStream_t s, int wait) {
+    if (!range_ok(dst, n) || !range_ok(src, n)) FAIL(cudaErrorInvalidValue);
+    int from_pageable = pageable(src), to_pageable = pageable(dst);
+    if (from_pageable && !to_pageable) {
+        sync_stream(real_stream(s));
+        void *staged = malloc(n ? n : 1);
+        if (!staged) FAIL(cudaErrorMemoryAllocation);
+        memcpy(staged, src, n);
+        return enqueue(s, (op){.kind = OP_COPY, .dst = dst, .src = staged, .n = n,
+                               .arg = staged}); // the worker frees arg
+    }
+    cudaError_t e = enqueue(s, (op){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
+    if (e == cudaSuccess && (wait || (to_pageable && !from_pageable)))
+        sync_stream(real_stream(s));
+    return e;
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                             cudaStream_t s) {
     ENTER();
-    if (!range_ok(dst, n) || !range_ok(src, n)) FAIL(cudaErrorInvalidValue);
-    return enqueue(s, (op){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
+    return copy(dst, src, n, s, 0);
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
-    cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, NULL);
-    if (e == cudaSuccess) sync_stream(real_stream(NULL));
-    return e;
+    ENTER();
+    return copy(dst, src, n, NULL, 1);
 }
 
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s) {
