@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hpcdl.bench import allreduce as ar
+from hpcdl.bench import device as dev
 from mpi_harness import run_mpi
 
 BENCH = [sys.executable, "-m", "hpcdl", "bench", "allreduce"]
@@ -78,6 +79,20 @@ def test_two_rank_run(tmp_path):
     for impl in ar.IMPLS:  # every implementation has a table row
         assert any(impl in l.split() for l in text.splitlines() if " 65536 " in l), impl
     assert all(row["wrong"] == 0 and row["time_us"] > 0 for row in doc["rows"])
+
+
+@pytest.mark.mpi
+def test_device_cuda(tmp_path):
+    """--device cuda: without a usable GPU one line on every rank and exit 2;
+    with one (a GPU machine), the rows run on CUDA tensors and check out."""
+    r = run_mpi(2, BENCH + ["--device", "cuda", "--max-bytes", "4K", "--iters", "2",
+                            "--warmup", "1", "--time-budget", "0.2"], timeout=120)
+    if dev.unavailable("cuda"):
+        assert r.returncode != 0 and r.stdout.count("hpcdl: error: --device cuda") == 2, \
+            r.stdout
+    else:
+        assert r.returncode == 0 and "# Out of bounds values : 0 OK" in r.stdout, r.stdout
+        assert "buffers: CUDA tensors" in r.stdout
 
 
 @pytest.mark.mpi

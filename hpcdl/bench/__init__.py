@@ -4,3 +4,9 @@ correctness in the same run. Each benchmark is a module with run(options)
 
     allreduce   hpcdl's all-reduce algorithms against MPI_Allreduce and gloo
 """
+
+
+class EveryRankError(ValueError):
+    """A setup problem found collectively, so raised on every rank alike (a
+    GPU missing on some rank, say): the CLI prints it as one line and exits 2
+    instead of aborting the job."""

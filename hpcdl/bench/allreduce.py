@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..utils.log import print0  # the one rank-0 printer
+from . import EveryRankError
+from . import device as dev  # --device cuda: the buffers as CUDA tensors
 from ..vcluster import floor as net_floor  # the network floor across vcluster hosts
 
 # hpcdl's algorithms (the C core); "shared" is auto on a buffer in node shared
@@ -56,6 +58,7 @@ class Options:
     csv: str = None
     plot: str = None
     expect_ranks: int = None  # -n given inside a job: warn if the job differs
+    device: str = "cpu"       # cpu: numpy buffers; cuda: CUDA tensors (device.py)
 
 
 # ----------------------------------------------------------------------------
@@ -111,6 +114,8 @@ def validate(opts):
         raise ValueError("unknown algorithm(s) %s in --algorithms; use a comma-separated "
                          "subset of %s" % (", ".join(map(repr, bad)) or "(none given)",
                                            ",".join(IMPLS)))
+    if opts.device not in ("cpu", "cuda"):
+        raise ValueError("unknown --device %r; use cpu or cuda" % opts.device)
     if opts.iters < 1 or opts.warmup < 0 or opts.budget_s <= 0:
         raise ValueError("--iters must be >= 1, --warmup >= 0 and --time-budget > 0")
 
@@ -257,7 +262,7 @@ def bind(name, world, buf):
     if name == "gloo":
         import torch
         import torch.distributed as dist
-        tensor = torch.from_numpy(buf)  # shares buf's memory
+        tensor = buf if isinstance(buf, torch.Tensor) else torch.from_numpy(buf)  # shared
         return lambda: dist.all_reduce(tensor)
     raise ValueError("unknown implementation %r" % name)
 
@@ -282,6 +287,10 @@ def bench_size(world, nbytes, impls, opts):
     work = np.empty_like(send)
     expected = expected_sum(count, dtype, n)
     copy_bw = measure_copy_bw(world.mpi, nbytes, opts)
+    on_gpu = opts.device == "cuda"
+    if on_gpu:
+        send, work = dev.buffers(send)
+        floor_gpu = world.mpi.allreduce(dev.staging_floor_us(nbytes), op=_max())
     rows = []
     for name in impls:
         buf = work
@@ -291,19 +300,31 @@ def bench_size(world, nbytes, impls, opts):
                 continue  # one rank per node: nothing to share
             buf = np.frombuffer(view, dtype, count)
         run = bind(name, world, buf)
-        wrong = count_wrong(world.mpi, run, buf, send, expected)
-        t, fastest, iters = timed_loop(world.mpi, run, lambda: np.copyto(buf, send), opts)
+        if on_gpu:
+            run = dev.synced(run)
+            dev.reset(buf, send)
+            run()
+            wrong = world.mpi.allreduce(dev.wrong(buf, expected))
+            t, fastest, iters = timed_loop(world.mpi, run, lambda: dev.reset(buf, send), opts)
+        else:
+            wrong = count_wrong(world.mpi, run, buf, send, expected)
+            t, fastest, iters = timed_loop(world.mpi, run, lambda: np.copyto(buf, send), opts)
         algbw = nbytes / t / 1e9
         rows.append({"impl": name, "bytes": nbytes, "count": count, "type": opts.dtype,
                      "redop": "sum", "time_us": t * 1e6, "algbw": algbw,
                      "busbw": busbw(algbw, n), "wrong": wrong,
                      "floor_us": net_floor.network_floor_us(nbytes, world.cross_size)
-                     or 2 * n * nbytes / (copy_bw * 1e9) * 1e6,
+                     or (floor_gpu if on_gpu else 2 * n * nbytes / (copy_bw * 1e9) * 1e6),
                      "copy_bw_GBps": copy_bw, "iters": iters, "min_us": fastest * 1e6,
                      "algorithm": (world.choose_algorithm(nbytes) if name == "auto" else
                                    "hier-shared" if name == "shared" else name)})
         print_row(world, rows[-1])
     return rows
+
+
+def _max():
+    from mpi4py import MPI
+    return MPI.MAX
 
 
 def summarize(rows):
@@ -501,6 +522,12 @@ def setup(opts):
     job = describe_job(world.mpi)
     job["version"] = code_version() if world.rank == 0 else ""
     impls, notes = list(dict.fromkeys(opts.impls)), []
+    if opts.device == "cuda":  # collective: a rank without a usable GPU stops them all
+        world.raise_if_any(dev.unavailable("cuda"), EveryRankError)
+        dev.select_gpu(world.local_rank)
+        impls, notes = dev.skipped_impls(impls)
+        notes.append("buffers: CUDA tensors; floor = the slowest rank's D2H + H2D copy of "
+                     "the buffer through pinned memory (what staging must move)")
     if opts.expect_ranks and opts.expect_ranks != world.size:
         notes.append("NOTE: -n %d given, but this job has %d ranks; using %d"
                      % (opts.expect_ranks, world.size, world.size))

@@ -58,6 +58,9 @@ def _register_allreduce(sub):
     p.add_argument("--warmup", type=int, default=5, help="most warm-up iterations (default 5)")
     p.add_argument("--time-budget", type=float, default=1.0, metavar="SECONDS",
                    help="about how long one row's timed loop may take (default 1.0)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cpu: host buffers (default); cuda: CUDA tensors, one GPU per "
+                        "local rank (the core's CUDA path; mpi4py only on a CUDA-aware MPI)")
     p.add_argument("--no-check", action="store_true",
                    help="turn hpcdl's cross-rank agreement check off (as HPCDL_CHECK=0)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON")
@@ -77,7 +80,7 @@ def allreduce_options(args):
             impls=tuple(a.strip() for a in args.algorithms.split(",") if a.strip()),
             iters=args.iters, warmup=args.warmup, budget_s=args.time_budget,
             check=not args.no_check, json=args.json, csv=args.csv, plot=args.plot,
-            expect_ranks=args.n)
+            expect_ranks=args.n, device=args.device)
         allreduce.validate(opts)
     except ValueError as e:
         raise UsageError(str(e))
@@ -91,7 +94,8 @@ def allreduce_argv(args):
     argv = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
             "--factor", str(args.factor), "--dtype", args.dtype,
             "--algorithms", args.algorithms, "--iters", str(args.iters),
-            "--warmup", str(args.warmup), "--time-budget", repr(args.time_budget)]
+            "--warmup", str(args.warmup), "--time-budget", repr(args.time_budget),
+            "--device", args.device]
     argv += ["--no-check"] if args.no_check else []
     for flag in ("json", "csv", "plot"):
         if getattr(args, flag):
@@ -163,8 +167,11 @@ def _abort_on_error(run, opts):
     """run(opts), but an exception on one rank aborts the whole job (with the
     traceback, prefixed by the rank) instead of leaving the others waiting in
     a collective."""
+    from ..bench import EveryRankError
     try:
         return run(opts)
+    except EveryRankError as e:  # every rank has it: one line, no abort
+        raise UsageError(str(e))
     except Exception:
         import traceback
         from mpi4py import MPI
