@@ -104,16 +104,19 @@ def world():
     return comm.world()
 
 
-def claim(name, on, kind):
+def claim(name, on, kind, flush_first=True):
     """Raises ValueError (Horovod's words) when name is already in flight on
     Communicator `on`: call before queuing anything. Then queues on's
-    deferred data, which must come before what the caller queues."""
+    deferred data, which must come before what the caller queues (unless
+    flush_first is False: the parts of one grouped call, whose data may
+    follow all of their rounds)."""
     if (id(on), name) in _in_flight:
         raise ValueError("Requested to %s a tensor with the same name as another tensor that "
                          "is currently being processed. If you want to request another "
                          "tensor, use a different tensor name. (name %r; synchronize the "
                          "first handle before reusing it)" % (kind, name))
-    flush(on)
+    if flush_first:
+        flush(on)
 
 
 def register(handles, finish, name, on=None, check=None):

@@ -17,21 +17,26 @@ the other ranks' instead, until every rank has joined:
   allgather: no rank sends data (its counts come from the round), and the
       others raise the same way.
 
+  DistributedOptimizer (zero_stage=0, global set): its step's round names
+      the optimizer; the joined rank all-reduces every bucket of its own
+      copy, zeroed, in bucket order (optimizer.py join_answer), so the
+      others average their gradients with its zeros, as in Horovod.
+
 join() returns the rank that joined last: every rank learns it from the
 round in which all rows are JOINED (a row says whether its rank joined in
 that very round; of several, the highest rank). Ranks then go on as usual.
 
 What join() cannot answer: collectives that do not open with a round
-(hvd.barrier, hvd.alltoall and Adasum, which go to MPI through mpi4py; the
-DistributedOptimizer's bucket all-reduces, which go straight to the
-engine), and collectives on a process set other than the global one. Do not
+(hvd.barrier, hvd.alltoall and Adasum, which go to MPI through mpi4py;
+DistributedOptimizer with zero_stage 1 or 2, which reduce-scatters), and
+collectives on a process set other than the global one. Do not
 call those while a rank may have joined (see docs/horovod.md).
 """
 import torch
 
 from . import _handles
 from ._shapes import (ITEMS, JOINED, KIND, KINDS, NITEMS, OP, ROOT, ROW_ELEMS, SLOTS,
-                      dtype_of, joined_row, start_round)
+                      descriptor, dtype_of, joined_row, start_round)
 
 
 def join(device=-1):
@@ -67,6 +72,13 @@ def _answer(on, row, where):
             handles.append(on.allreduce_async(torch.zeros(count, dtype=dtype, device=where),
                                               op=row[OP], name="join.zeros"))
         handles += [_invalid(on) for _ in range(row[NITEMS] - SLOTS)]
+    elif kind == "optimizer":
+        from .optimizer import _joinable
+        opt = _joinable.get(row[ROOT])
+        if opt is None or len(opt._buckets) != row[NITEMS]:
+            handles += [_invalid(on) for _ in range(row[NITEMS])]
+        else:
+            handles += opt.join_answer(row[OP])
     elif kind == "broadcast":
         count, dtype = items[0]
         handles.append(_handles.start("broadcast", torch.zeros(count, dtype=dtype),
@@ -85,6 +97,15 @@ def _answer(on, row, where):
             h.wait()
         except Exception:  # noqa: BLE001 - the others' error: they report it
             pass
+
+
+def start_step_round(opt):
+    """Queues the round that opens a DistributedOptimizer step (its number,
+    op and bucket count); returns its comm handle (wait before the next)."""
+    row = descriptor("optimizer", [], op=opt._op, root=opt._join_number,
+                     items=[(b.numel, b.buffer.dtype) for b in opt._buckets])
+    handle, _ = start_round(opt._comm, row, "optimizer")
+    return handle
 
 
 class _Failed:

@@ -71,7 +71,7 @@ ROW_ELEMS = ITEMS + 2 * SLOTS
 WIDTH = ROW_ELEMS + 1
 # KIND values; a JOINED row has OP = 1 in the round where its rank joined
 KINDS = ("joined", "allreduce", "broadcast", "reducescatter", "allgather", "alltoall",
-         "barrier", "adasum")
+         "barrier", "adasum", "optimizer")
 JOINED = 0
 
 

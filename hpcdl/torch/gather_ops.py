@@ -38,13 +38,13 @@ from .process_sets import comm_of, global_process_set, set_root
 
 
 # ------------------------------------------------------------------ starts
-def _start_allgather(tensor, name, process_set=None):
+def _start_allgather(tensor, name, process_set=None, part=False):
     """(handle, offset()): offset() is where this rank's rows start in the
     result, known once the handle is done. Nothing here waits for the other
     ranks: the counts come from the descriptor round, and the data is queued
-    after it (_handles.Later)."""
+    after it (_handles.Later). part: one tensor of a grouped call."""
     on = comm_of(process_set, "allgather")
-    _handles.claim(name, on, "allgather")
+    _handles.claim(name, on, "allgather", flush_first=not part)
     try:
         t = tensor.detach()
         t = t.reshape(1) if t.dim() == 0 else t
@@ -234,7 +234,8 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
         on = comm_of(process_set, "grouped_allgather")
-        starts = [_start_allgather(t, "%s.%d" % (name, i), process_set)
+        _handles.claim(name, on, "allgather")
+        starts = [_start_allgather(t, "%s.%d" % (name, i), process_set, part=True)
                   for i, t in enumerate(tensors)]
         ctx.shapes, ctx.process_set = [t.shape for t in tensors], process_set
         outs = _handles.synchronize(_handles.combine([h for h, _ in starts], name, on))
@@ -280,7 +281,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     tensors, name = _group(tensors, name, "grouped_allgather")
     on = comm_of(process_set, "grouped_allgather")
     _handles.claim(name, on, "allgather")
-    starts = [_start_allgather(t, "%s.%d" % (name, i), process_set)[0]
+    starts = [_start_allgather(t, "%s.%d" % (name, i), process_set, part=True)[0]
               for i, t in enumerate(tensors)]
     return _handles.combine(starts, name, on)
 

@@ -15,12 +15,19 @@ When things happen:
   * step() (or synchronize()) submits buckets whose parameters got no gradient
     (as zeros), waits for every bucket, undoes compression and scaling in
     place, then calls the wrapped optimizer's step().
+  * hvd.join(): with zero_stage=0 on the global process set, the first
+    bucket of each step is preceded by one descriptor round naming this
+    optimizer (its number: every rank builds its optimizers in the same
+    order); a rank that has joined answers it with every bucket of its own
+    copy, zeroed, in bucket order (_join.py). One tiny all-gather per step.
   * zero_stage=1|2 shards the optimizer state (and at 2 the gradients) over
     the ranks: zero/sharding.py, docs/zero.md.
 """
 import contextlib
+import itertools
 import os
 import warnings
+import weakref
 
 import torch
 
@@ -28,9 +35,11 @@ from .. import comm
 from ..optim.wrapper import OptimizerWrapper
 from ..trace import timeline as _timeline
 from .compression import compress
-from . import zero as _zero
+from . import _join, zero as _zero
 
 FIRST_BUCKET_BYTES = 1 << 20
+_joinable = weakref.WeakValueDictionary()   # number -> optimizer that join() can answer
+_numbers = itertools.count(1)
 
 
 def fusion_threshold():
@@ -158,6 +167,11 @@ class DistributedOptimizer(OptimizerWrapper):
         self._skip_sync = False
         self._t_backward = None  # first gradient hook of this step (MPI_Wtime)
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in params]
+        self._join_number = next(_numbers)     # the same on every rank: built in order
+        self._join_round = None                # this step's round (comm handle)
+        if (self._comm is not None and self.zero_stage == 0
+                and self.process_set.process_set_id == 0):
+            _joinable[self._join_number] = self
         for b in self._buckets:
             for p, v in zip(b.params, b.views):
                 p.grad = v
@@ -216,6 +230,8 @@ class DistributedOptimizer(OptimizerWrapper):
                 if self._passes[p] == 0:  # no gradient this step: it counts as zero
                     v.zero_()
                     p.grad = v
+        if b.index == 0 and self._join_number in _joinable:
+            self._join_round = _join.start_step_round(self)
         t = b.buffer
         if self._predivide != 1.0:
             t.mul_(1.0 / self._predivide)
@@ -255,6 +271,9 @@ class DistributedOptimizer(OptimizerWrapper):
                 tl.span(row, "unpack", t_done, comm.wtime())
             b.handle = b.sent = b.ctx = None
             b.ready = 0
+        if self._join_round is not None:
+            self._join_round.wait()
+            self._join_round = None
         if tl is not None:
             tl.add_engine_records(self._comm.timeline())
         for p in self._sparse:  # back to sparse for optimizers that need it (SparseAdam)
@@ -267,6 +286,21 @@ class DistributedOptimizer(OptimizerWrapper):
         self._synchronized = True
         if self._zero is not None:
             self._zero.attach_grads()
+
+    def join_answer(self, op):
+        """For join() on a rank that has joined: queues every bucket's
+        all-reduce (its buffer zeroed: node-shared buckets stay on their fast
+        path) with op, in bucket order; returns the handles."""
+        handles = []
+        for b in self._buckets:
+            zeros = b.buffer.zero_()
+            if getattr(self._compression, "needs_name", False):  # top-k: a new tensor
+                sent = torch.zeros_like(zeros)
+            else:                                             # the buffer, or its cast
+                sent, _ = compress(self._compression, zeros, None)
+            handles.append(self._comm.allreduce_async(sent, op=op, name="join.bucket.%d"
+                                                      % b.index))
+        return handles
 
     def _unpack(self, b):
         out = self._compression.decompress(b.sent, b.ctx)

@@ -26,7 +26,10 @@ on rank- and position-dependent data.
            allgather / broadcast / reducescatter raise Horovod's "not
            supported with Join" on every rank that called them; join()
            returns the last rank to join, the same everywhere; ranks run
-           different numbers of steps
+           different numbers of steps; a DistributedOptimizer (shared and
+           plain buckets, fp16 compression) where rank k trains k + 1 steps
+           then joins equals one process averaging the live ranks'
+           gradients over size
 Prints 'CHECKS n FAILED k'."""
 import warnings
 
@@ -284,16 +287,52 @@ def join():
                       "join %s step %d: Sum over the ranks not joined" % (first, step))
                 close(hvd.allreduce(mine, name="join.avg"), want / N,
                       "join %s step %d: Average divides by size (Horovod)" % (first, step))
-                got = hvd.grouped_allreduce([mine, mine.to(torch.int32)], op=hvd.Sum)
-                close(got[1], want.to(torch.int32), "join %s: grouped int32" % first)
-                close(hvd.allreduce(-mine.abs() - 1, op=hvd.Max), torch.zeros(5, 3).double(),
-                      "join %s: Max sees the joined ranks' zeros" % first)
+                if step == 0:  # every rank still runs: once is enough (a short launch)
+                    got = hvd.grouped_allreduce([mine, mine.to(torch.int32)], op=hvd.Sum)
+                    close(got[1], want.to(torch.int32), "join %s: grouped int32" % first)
+                    close(hvd.allreduce(-mine.abs() - 1, op=hvd.Max),
+                          torch.zeros(5, 3).double(),
+                          "join %s: Max sees the joined ranks' zeros" % first)
         last = hvd.join()
         every = hvd.allgather_object(last)
         check(every == [max(live)] * N, "join %s returned %s, want %d everywhere (the rank "
               "with the most steps)" % (first, every, max(live)))
+    for compression in (hvd.Compression.none, hvd.Compression.fp16):
+        join_optimizer(compression)
     close(hvd.allreduce(values(R, (3,)), op=hvd.Sum), set_math(range(N), (3,), hvd.Sum),
           "the world works as usual after join")
+
+
+def join_optimizer(compression):
+    """Rank k trains k + 1 steps, then joins; its parameters must be those of
+    one process that averages, at step s, the gradients of ranks k > s - 1
+    over all N ranks (the joined ones sending zeros, as in Horovod)."""
+    def model_():
+        torch.manual_seed(7)
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+
+    def loss(m, k, s):
+        return m(values(k, (5, 3), dtype=torch.float32) / 8 + s).pow(2).mean()
+    model, ref = model_(), model_()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(),
+                                   compression=compression)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    for s in range(R + 1):
+        opt.zero_grad()
+        loss(model, R, s).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        for k in range(s, N):  # the ranks still training at step s
+            (loss(ref, k, s) / N).backward()
+        ref_opt.step()
+    last = hvd.join()
+    check(last == N - 1, "optimizer join returned %s, want %d" % (last, N - 1))
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        close(p.detach(), q.detach(), "join with DistributedOptimizer (%s): %s after %d "
+              "steps" % (compression.__name__, name, R + 1),
+              rtol=1e-2 if compression is hvd.Compression.fp16 else None,
+              atol=1e-3 if compression is hvd.Compression.fp16 else None)
 
 
 if __name__ == "__main__":
