@@ -128,7 +128,7 @@ def test_train_zero_checkpoint_resumes_on_other_rank_count(tmp_path):
 
 
 @pytest.mark.parametrize("zero,mode,words", [
-    (3, "allreduce", "stage 3 is not implemented yet"), (-1, "allreduce", "use 0 (unsharded)"),
+    (4, "allreduce", "or 3 (parameters too)"), (-1, "allreduce", "use 0 (unsharded)"),
     (1, "ps-bsp", "--zero 1 needs --mode allreduce")])
 def test_train_config_rejects_bad_zero(zero, mode, words):
     from hpcdl.train.config import ConfigError, TrainConfig

@@ -13,7 +13,12 @@ units, sparse gradients, non-CPU parameters) are in test_zero.py's misuse
 launch. Sharded checkpoints (one file per rank + manifest): saved on 3 ranks,
 loaded on 3 (bit-identical next step) and on 2 (resharded; 3 more steps ==
 one process), refusals of another model / optimizer grouping / a missing
-rank file with the files untouched. Two launches in all (3 ranks, then 2)."""
+rank file with the files untouched. Two launches in all (3 ranks, then 2).
+`hpcdl train --zero 3` (fp16 loss scaling, Adam): resumed on the same 2
+ranks it ends with the uninterrupted run's params_sha256 (resuming on
+another rank count is the checkpoint test's resharding; by hand, 2 -> 3
+ranks ended 1.4e-4 relative from the 2-rank run: fp16 forward on other batch
+slices)."""
 import os
 
 import pytest
@@ -35,3 +40,41 @@ def test_stage3_exact_and_sharded_checkpoint_3_then_2_ranks(tmp_path):
     r = run_python(2, SCRIPT, timeout=180, args=["load", str(tmp_path / "ckpt"), *CASES])
     assert r.stdout.count("ZERO3 OK") == 2 * len(CASES), r.stdout
     assert r.stdout.count("CKPT OK") == 2, r.stdout
+
+
+# ------------------------------------------------------------ hpcdl train --zero 3
+@pytest.mark.mpi
+def test_train_zero3_resume_matches_uninterrupted(tmp_path):
+    import torch
+    from mpi_harness import run_mpi
+    from test_train_resume import TRAIN, _summary
+    base = TRAIN + ["--global-batch", "48", "--optimizer", "adam", "--base-lr", "0.01",
+                    "--schedule", "constant", "--hidden", "32", "--precision", "fp16",
+                    "--zero", "3"]
+    full, ckpt, out = (tmp_path / d for d in ("full", "ckpt", "out"))
+    run_mpi(2, base + ["--epochs", "1", "--checkpoint-dir", str(ckpt)], timeout=180,
+            check=True)
+    shard_dirs = [d for d in os.listdir(ckpt) if d.startswith("zero3-")]
+    assert len(shard_dirs) == 1 and sorted(os.listdir(ckpt / shard_dirs[0])) == [
+        "manifest.json", "rank-00000-of-00002.pt", "rank-00001-of-00002.pt"]
+    r = run_mpi(2, base + ["--epochs", "2", "--out", str(out), "--checkpoint-dir", str(ckpt),
+                           "--resume"], timeout=180, check=True)
+    assert "resumed from" in r.stdout and "ZeRO stage 3" in r.stdout, r.stdout
+    run_mpi(2, base + ["--epochs", "2", "--out", str(full)], timeout=180, check=True)
+    resumed, uninterrupted = _summary(out), _summary(full)
+    assert resumed["params_sha256"] == uninterrupted["params_sha256"], r.stdout
+    assert resumed["zero_stage"] == 3 and resumed["steps"] == 2 * (1437 // 48)
+    n_params = 64 * 32 + 32 + 32 * 10 + 10  # digits: 64 inputs, 10 classes
+    assert resumed["parameter_bytes"] <= 4 * n_params / 2 + 16, resumed
+    assert resumed["optimizer_state_bytes"] <= 8 * n_params / 2 + 32, resumed  # Adam: 2/elem
+    # model.pt is the whole model (unsharded at the end), loadable without hpcdl
+    assert torch.load(out / "model.pt", weights_only=True)["net.0.weight"].shape == (32, 64)
+
+
+@pytest.mark.parametrize("flags,words", [
+    (dict(optimizer="lars"), "--zero 3 takes --optimizer sgd or adam"),
+    (dict(compression="fp16"), "--zero 3 does not compress")])
+def test_train_config_refuses_what_stage3_cannot_do(flags, words):
+    from hpcdl.train.config import ConfigError, TrainConfig
+    with pytest.raises(ConfigError, match=words):
+        TrainConfig(zero=3, **flags).check(2)

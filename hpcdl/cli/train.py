@@ -56,7 +56,7 @@ OPTIONS = (
     ("--staleness", "staleness", int, "ps-ssp: steps a worker may run ahead"),
     ("--ps-ranks", "ps_ranks", int, "ps-*: ranks that serve parameters"),
     ("--zero", "zero", int, "ZeRO stage with --mode allreduce: 0 unsharded, 1 optimizer "
-                            "state sharded, 2 also gradients (docs/zero.md)"),
+                            "state sharded, 2 also gradients, 3 also parameters (docs/zero.md)"),
     ("--seed", "seed", int, "seed for weights, data split and shuffles"),
     ("--checkpoint-dir", "checkpoint_dir", str, "write checkpoint.pt here"),
     ("--checkpoint-every", "checkpoint_every", int, "epochs between checkpoints"),

@@ -101,6 +101,11 @@ class AllReduce:
         with autocast(self.cfg.precision, self.device):
             logits = self.model(x)
         loss = F.cross_entropy(logits.float(), y)
+        self.backward_and_step(loss)
+        self.sched.step()
+        return loss.item() * len(y), (logits.argmax(1) == y).sum().item()
+
+    def backward_and_step(self, loss):
         if self.scaler is None:
             loss.backward()
             self.opt.step()
@@ -110,8 +115,6 @@ class AllReduce:
             if self.scaler.unscale_and_check(self.opt.local_parameters()):
                 with self.opt.skip_synchronize():
                     self.opt.step()
-        self.sched.step()
-        return loss.item() * len(y), (logits.argmax(1) == y).sum().item()
 
     def end_epoch(self, run):
         """Batch-norm statistics are per rank: use rank 0's, as DDP does.
@@ -144,6 +147,10 @@ class AllReduce:
         }
 
     def load_state_dict(self, state):
+        if "zero3" in state:  # sharded model: its files name the ranks and layout
+            from .errors import ConfigError
+            raise ConfigError("this checkpoint holds a model sharded by --zero 3; resume it "
+                              "with --zero 3 (on any rank count)")
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])

@@ -33,7 +33,16 @@ def meta_of(cfg, model):
     return {"model": cfg.model, "hidden": list(cfg.hidden), "data": cfg.data,
             "global_batch": cfg.global_batch, "optimizer": cfg.optimizer,
             "seed": cfg.seed, "epochs": cfg.epochs,
-            "shapes": {k: list(v.shape) for k, v in model.state_dict().items()}}
+            "shapes": _shapes(model)}
+
+
+def _shapes(model):
+    """The model's tensors' shapes; a stage-3 model's whole, not its pieces."""
+    from ..torch.zero import shards_of
+    shards = shards_of(model)
+    if shards is not None:
+        return shards.full_shapes()
+    return {k: list(v.shape) for k, v in model.state_dict().items()}
 
 
 def save(path, state):

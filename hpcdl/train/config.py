@@ -24,7 +24,7 @@ SCHEDULES = ("constant", "step", "poly", "cosine")
 LR_SCALING = ("none", "linear", "sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("allreduce", "ps-bsp", "ps-asp", "ps-ssp")
-ZERO_STAGES = (0, 1, 2)
+ZERO_STAGES = (0, 1, 2, 3)
 TRAIN_MODELS = ("mlp",) + models.IMAGE_NAMES
 
 
@@ -57,7 +57,7 @@ class TrainConfig:
     mode: str = "allreduce"       # allreduce | ps-bsp | ps-asp | ps-ssp
     staleness: int = 0            # SSP bound (steps a worker may run ahead)
     ps_ranks: int = 1             # parameter-server ranks in ps-* modes
-    zero: int = 0                 # ZeRO stage (allreduce mode): 0 none, 1 optimizer state, 2 + grads
+    zero: int = 0                 # ZeRO stage (allreduce mode): 0 none, 1 optimizer state, 2 + grads, 3 + params
     seed: int = 0                 # weights, train/test split and per-epoch shuffles
     # where
     checkpoint_dir: str = None    # checkpoint.pt here, every checkpoint_every epochs
@@ -107,13 +107,20 @@ class TrainConfig:
 
     def _check_zero(self):
         if self.zero not in ZERO_STAGES:
-            raise ConfigError("--zero %s: use 0 (unsharded), 1 (optimizer state sharded) or "
-                              "2 (optimizer state and gradients sharded)%s"
-                              % (self.zero, "; stage 3 is not implemented yet"
-                                 if self.zero == 3 else ""))
+            raise ConfigError("--zero %s: use 0 (unsharded), 1 (optimizer state sharded), "
+                              "2 (optimizer state and gradients sharded) or 3 (parameters "
+                              "too)" % (self.zero,))
         if self.zero and self.mode != "allreduce":
             raise ConfigError("--zero %d needs --mode allreduce (it shards the all-reduce "
                               "strategy's optimizer), not --mode %s" % (self.zero, self.mode))
+        if self.zero == 3 and self.optimizer in ("lars", "larc"):
+            raise ConfigError("--zero 3 takes --optimizer sgd or adam: %s needs whole-layer "
+                              "norms, and stage 3's pieces cut layers; use --zero 2 for it"
+                              % self.optimizer.upper())
+        if self.zero == 3 and self.compression != "none":
+            raise ConfigError("--zero 3 does not compress (its reduce-scatter and all-gather "
+                              "run in the parameters' dtype); drop --compression %s"
+                              % self.compression)
 
     def _workers(self, size):
         return size - self.ps_ranks if self.mode.startswith("ps-") else size

@@ -19,6 +19,7 @@ A *strategy* decides the rest: how gradients meet and how state is saved.
     allreduce       allreduce.AllReduce            DistributedOptimizer's bucketed all-reduce
     ps-bsp|asp|ssp  ps_mode.ParameterServer        pushes to and pulls from hpcdl.ps servers
     allreduce       zero.Zero (with --zero 1|2)    reduce-scatter / all-gather of ZeRO shards
+    allreduce       zero.Zero3 (with --zero 3)     the same, per module, parameters sharded too
 
 Adding a strategy (ZeRO sharded training is next): write hpcdl/train/zero.py
 with a class of the interface below (copy allreduce.py, the reference), add
@@ -57,10 +58,10 @@ from .precision import autocast
 from .ps_mode import ParameterServer
 from .report import Reporter, params_digest
 from .stop import StopRequest
-from .zero import Zero
+from .zero import Zero, Zero3
 
 STRATEGIES = {"allreduce": AllReduce, "ps-bsp": ParameterServer, "ps-asp": ParameterServer,
-              "ps-ssp": ParameterServer, "zero": Zero}
+              "ps-ssp": ParameterServer, "zero": Zero, "zero3": Zero3}
 
 
 def train(cfg):
@@ -73,7 +74,7 @@ def train(cfg):
     # spreads the work over them (it picks the device, and threads, too)
     comm.init()
     cfg.check(comm.size())
-    strategy = STRATEGIES["zero" if cfg.zero else cfg.mode](cfg)
+    strategy = STRATEGIES[{0: cfg.mode, 3: "zero3"}.get(cfg.zero, "zero")](cfg)
 
     # data, model, optimizer: identical replicas on every rank
     torch.manual_seed(cfg.seed)

@@ -425,7 +425,6 @@ def shard_model(model, units=None, prefetch=True, sync=True, process_set=None):
     arrive averaged already). units: modules gathered as one (default: every
     module with parameters of its own). sync: broadcast rank 0's parameters
     and buffers first, so every rank cuts the same model. docs/zero.md."""
-    from ..functions import broadcast_parameters
     from ..process_sets import comm_of, global_process_set
     ps = process_set if process_set is not None else global_process_set
     if ps.process_set_id not in (0, None) and not ps.included():
@@ -444,10 +443,26 @@ def shard_model(model, units=None, prefetch=True, sync=True, process_set=None):
         raise ValueError("shard_model does not support sparse gradients (%s has sparse=True); "
                          "use sparse=False or zero_stage=0" % (sparse[0] or "the model"))
     if sync:
-        broadcast_parameters(model.state_dict(), root_rank=0, process_set=ps)
+        _broadcast(list(model.state_dict().values()), comm)
     shards = ShardedModel(model, units, comm, prefetch)
     model._hpcdl_shards = shards
     return shards
+
+
+@torch.no_grad()
+def _broadcast(tensors, comm):
+    """Rank 0's values into every rank's tensors: one broadcast per dtype."""
+    by_dtype = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for dtype in sorted(by_dtype, key=str):  # the same order on every rank
+        group = by_dtype[dtype]
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        comm.broadcast(flat, root=0)
+        at = 0
+        for t in group:
+            t.copy_(flat[at:at + t.numel()].view(t.shape))
+            at += t.numel()
 
 
 def shards_of(model):
