@@ -15,7 +15,7 @@ the other ranks' instead, until every rank has joined:
       raises "Broadcast is not supported with Join at this time" (Horovod's
       words and rule);
   allgather: no rank sends data (its counts come from the round), and the
-      others raise the same way.
+      others raise the same way;
 
   DistributedOptimizer (zero_stage=0, global set): its step's round names
       the optimizer; the joined rank all-reduces every bucket of its own
@@ -26,11 +26,16 @@ join() returns the rank that joined last: every rank learns it from the
 round in which all rows are JOINED (a row says whether its rank joined in
 that very round; of several, the highest rank). Ranks then go on as usual.
 
-What join() cannot answer: collectives that do not open with a round
-(hvd.barrier, hvd.alltoall and Adasum, which go to MPI through mpi4py;
-DistributedOptimizer with zero_stage 1 or 2, which reduce-scatters), and
-collectives on a process set other than the global one. Do not
-call those while a rank may have joined (see docs/horovod.md).
+alltoall and Adasum open with a round too (blocking): with a joined rank
+they raise "Alltoall / Adasum is not supported with Join" on every rank
+that called them, before any data moves.
+
+What join() cannot answer: hvd.barrier (MPI_Barrier through mpi4py: a rank
+may queue an allgather_async while the others wait in it, so it cannot go
+through the engine's rounds), DistributedOptimizer with zero_stage 1 or 2
+(reduce-scatters), direct hpcdl.comm calls, and collectives on a process
+set other than the global one. Do not call those while a rank may have
+joined.
 """
 import torch
 

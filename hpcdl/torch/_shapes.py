@@ -1,12 +1,11 @@
-"""_shapes.py - the shape agreement that all-gather and all-to-all need
-before data moves: every rank learns every rank's shape, and a rank with a
-different dtype or number of dimensions (or no tensor at all) makes every
-rank raise, instead of leaving the others waiting. Two small all-gathers:
-(ndim, dtype code), then the shapes.
+"""_shapes.py - what every rank learns of the others' tensors before data
+moves, so that a rank with a different shape or dtype (or no tensor at all)
+makes every rank raise instead of leaving the others waiting.
 
 All-reduce, broadcast, reduce-scatter and all-gather send, ahead of their
 data, one small all-gather of a fixed-width descriptor on the engine
-(start_check, without blocking): the kind of operation, op, root, the
+(start_check, without blocking; all-to-all and Adasum wait for it before
+they start, DistributedOptimizer sends one per step): the kind of operation, op, root, the
 first tensor's dtype and shape, a checksum of every shape, and the data
 items that follow (count, wire dtype). The check it returns (run by
 synchronize) raises MismatchError on every rank, naming each rank's shape,
@@ -14,8 +13,8 @@ when they differ (Horovod's words: "Mismatched <op> tensor shapes"). The
 same round is how join() works (_join.py): a rank that joined sends a
 JOINED row instead and, from the others' rows, answers their data items
 (zeros for all-reduce); the others' check then says when the operation
-cannot run with a joined rank. It costs nothing more when join is unused:
-the round was already there."""
+cannot run with a joined rank. For the hvd.* calls it costs nothing more
+when join is unused: the round was already there."""
 import zlib
 
 import torch
@@ -28,37 +27,6 @@ from .exceptions import HorovodInternalError
 # every torch dtype, numbered the same way on every rank (same torch build)
 _DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
 _CODES = {d: i for i, d in enumerate(_DTYPES)}
-
-
-def gather_shapes(tensor, call, on=None):
-    """Every rank's tensor shape (a list of tuples, in rank order) on
-    Communicator on (default the world)."""
-    w = on if on is not None else _handles.world()
-    ok = isinstance(tensor, torch.Tensor)
-    head = [tensor.dim(), _CODES[tensor.dtype]] if ok else [-1, -1]
-    heads = w.allgather(torch.tensor(head, dtype=torch.int64)).view(w.size, 2).tolist()
-    if not ok:
-        raise TypeError("%s: expected a torch tensor, got %s" % (call, type(tensor).__name__))
-    bad = [r for r, (ndim, _) in enumerate(heads) if ndim < 0]
-    if bad:
-        raise MismatchError("%s: rank(s) %s passed no tensor (see their error)" % (call, bad))
-    if len({tuple(h) for h in heads}) > 1:
-        seen = ", ".join("rank %d: %s %d-D" % (r, _DTYPES[c], n)
-                         for r, (n, c) in enumerate(heads))
-        raise MismatchError("%s: every rank must pass the same dtype and number of "
-                            "dimensions; got %s" % (call, seen))
-    ndim = heads[0][0]
-    if ndim == 0:
-        return [()] * w.size
-    shapes = w.allgather(torch.tensor(tensor.shape, dtype=torch.int64))
-    return [tuple(s) for s in shapes.view(w.size, ndim).tolist()]
-
-
-def check_rows_agree(shapes, call):
-    """Raises (on every rank alike) unless shapes differ only in dimension 0."""
-    if len({s[1:] for s in shapes}) > 1:
-        raise MismatchError("%s: tensors may differ only in their first dimension; shapes "
-                            "by rank: %s" % (call, shapes))
 
 
 # ------------------------------------------------ descriptors, asynchronously

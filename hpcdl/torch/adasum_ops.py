@@ -9,6 +9,7 @@ no averaging (Adasum's combination is already scale-aware)."""
 import torch
 
 from . import _handles
+from ._shapes import check_rows, descriptor, start_round
 from ._wire import deliver
 
 
@@ -16,6 +17,9 @@ def start(tensors, inplace, name, prescale, postscale, on, grouped):
     """The integer handle of a finished Adasum over tensors (a list) on
     Communicator on; its result is one tensor, or a list when grouped."""
     _handles.claim(name, on, "allreduce")
+    h, rows = start_round(on, descriptor("adasum", [t.detach() for t in tensors]), name)
+    h.wait()  # no rank has joined (join cannot answer Adasum: _join.py)
+    check_rows(rows, "adasum", name)
     bad = [str(t.dtype) for t in tensors if not t.is_floating_point()]
     problem = "allreduce op=Adasum needs floating tensors, got %s" % bad[0] if bad else None
     on.raise_if_any(problem and ValueError(problem), ValueError)

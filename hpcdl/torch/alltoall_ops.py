@@ -17,7 +17,7 @@ import torch
 
 from .. import comm as hcomm
 from . import _handles
-from ._shapes import check_rows_agree, gather_shapes
+from ._shapes import check_rows, descriptor, start_round
 from ._wire import from_wire, to_wire
 from .allreduce_ops import auto_name
 from .process_sets import comm_of, global_process_set
@@ -41,11 +41,15 @@ def _start_alltoall(tensor, splits, name, process_set=None):
     """Handle whose result is (output, received_splits)."""
     w = comm_of(process_set, "alltoall")
     _handles.claim(name, w, "alltoall")
-    t = tensor.detach()
-    shapes = gather_shapes(t, "alltoall", w)
-    if not shapes[0]:
+    t = tensor.detach() if isinstance(tensor, torch.Tensor) else None
+    h, rows = start_round(w, descriptor("alltoall", None if t is None else [t],
+                                        varying_rows=True), name)
+    h.wait()  # one descriptor round: shapes agree, and no rank has joined (_join.py)
+    if t is None:
+        raise TypeError("alltoall: expected a torch tensor, got %s" % type(tensor).__name__)
+    check_rows(rows, "alltoall", name, varying_rows=True)
+    if t.dim() == 0:
         raise ValueError("alltoall: tensors need at least one dimension")
-    check_rows_agree(shapes, "alltoall")
     try:
         counts, err = _send_splits(splits, t.shape[0], w.size), None
     except (TypeError, ValueError) as e:

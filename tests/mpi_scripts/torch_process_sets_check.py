@@ -23,8 +23,8 @@ on rank- and position-dependent data.
            allreduce / grouped_allreduce (Sum, Average, Max; float, int)
            equal the math over the ranks that have not joined, the joined
            ones counting as zeros and Average still dividing by size;
-           allgather / broadcast / reducescatter raise Horovod's "not
-           supported with Join" on every rank that called them; join()
+           allgather / broadcast / reducescatter / alltoall / Adasum raise
+           Horovod's "not supported with Join" on every rank that called them; join()
            returns the last rank to join, the same everywhere; ranks run
            different numbers of steps; a DistributedOptimizer (shared and
            plain buckets, fp16 compression) where rank k trains k + 1 steps
@@ -277,7 +277,9 @@ def join():
         if R not in firsts:
             for kind, fn in (("Allgather", lambda: hvd.allgather(x)),
                              ("Broadcast", lambda: hvd.broadcast(x, live[0])),
-                             ("Reducescatter", lambda: hvd.reducescatter(x))):
+                             ("Reducescatter", lambda: hvd.reducescatter(x)),
+                             ("Alltoall", lambda: hvd.alltoall(torch.zeros(N, 3))),
+                             ("Adasum", lambda: hvd.allreduce(x, op=hvd.Adasum))):
                 expect_error(fn, hvd.HorovodInternalError,
                              ["%s is not supported with Join" % kind], "join: " + kind)
             for step in range(2 + R):  # ranks run different numbers of steps
