@@ -400,10 +400,11 @@ def print_header(world, job, opts, sizes, impls, copy_bw, notes):
            % ("on" if world.check else "OFF"))
     print0("#  aggregate copy bandwidth: %.2f GB/s (np.copyto of %s on every rank at once, "
            "read + write bytes of all ranks)" % (copy_bw, format_size(HEADER_COPY_BYTES)))
-    print0("#  floor = 2*N*size / copy bandwidth measured at that size (L3 makes small "
-           "sizes copy faster): the time to copy every rank's buffer twice. A path that "
-           "moves fewer bytes than copies do (shared: ranks add straight from each "
-           "other's shared memory) can beat it")
+    if opts.device == "cpu":  # on cuda a note gives the staging floor instead
+        print0("#  floor = 2*N*size / copy bandwidth measured at that size (L3 makes small "
+               "sizes copy faster): the time to copy every rank's buffer twice. A path that "
+               "moves fewer bytes than copies do (shared: ranks add straight from each "
+               "other's shared memory) can beat it")
     if net_floor.header_line(world.cross_size):
         print0("#  " + net_floor.header_line(world.cross_size))
     print0("#  auto picks: %s" % auto_ranges(world, sizes))
