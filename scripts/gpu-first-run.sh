@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # gpu-first-run.sh - what a session with a GPU runs first (issue #21): builds the
 # CUDA core, runs its GPU tests, measures the all-reduce of CUDA tensors and a
-# synthetic training step, and appends the results to BENCHMARKS.md.
+# synthetic training step, and writes a summary for benchmarks/gpu.md.
 #
 #   scripts/gpu-first-run.sh            # from the repository root; ~5-10 minutes
 #   NP=4 scripts/gpu-first-run.sh       # ranks (default: one per GPU, at least 2)
+#   HVD_TEST_FILE=test_torch.py scripts/gpu-first-run.sh   # also Horovod's suite
+#
+# First run: 2026-11-25 on one H100, results in benchmarks/gpu.md.
 #
 # Every step logs to $OUT (default gpu-first-run/); a failed step is recorded
 # and the script goes on, so one run answers as much as it can.
@@ -44,7 +47,17 @@ print('no CUDA context for host buffers, rank', comm.rank())"
 step bench-staged 900 $MPIRUN "$PY" scripts/gpu_allreduce_bench.py --out "$OUT/bench.md"
 HPCDL_CUDA_STAGE_BYTES=33554432 step bench-stage32m 900 $MPIRUN "$PY" \
     scripts/gpu_allreduce_bench.py --min-bytes 1048576 --out "$OUT/bench-stage32m.md"
-step torch-suite 900 "$PY" -m pytest -q tests/test_torch_api.py
+step bench-cli 900 "$PY" -m hpcdl bench allreduce -n "$NP" --device cuda --min-bytes 4K \
+    --max-bytes 256M --time-budget 0.5
+step torch-cuda 600 "$PY" -m pytest -q tests/test_cuda_torch.py tests/test_bench.py -k cuda
+step resnet50 600 $MPIRUN "$PY" examples/pytorch_synthetic_benchmark.py --model resnet50 \
+    --image-size 224 --batch-size 32 --num-iters 4 --num-batches-per-iter 5
+step resnet50-fp16 600 $MPIRUN "$PY" examples/pytorch_synthetic_benchmark.py --model resnet50 \
+    --image-size 224 --batch-size 32 --num-iters 4 --num-batches-per-iter 5 --fp16-allreduce
+# Horovod's own suite with its GPU variants, given its test_torch.py (HVD_TEST_FILE);
+# local size 1 gives every rank local_rank 0 when ranks share one GPU
+[ -n "${HVD_TEST_FILE:-}" ] && HPCDL_LOCAL_SIZE=$(( NGPU > 1 ? NGPU : 1 )) step horovod-suite 1800 \
+    "$PY" tests/horovod_suite/run.py --test-file "$HVD_TEST_FILE" -n "$NP" -j 8 --timeout 120
 
 {
     echo
@@ -57,7 +70,7 @@ step torch-suite 900 "$PY" -m pytest -q tests/test_torch_api.py
     for f in bench bench-stage32m; do
         [ -f "$OUT/$f.md" ] && { echo; echo "### $f"; echo; cat "$OUT/$f.md"; }
     done
-} >> BENCHMARKS.md
-echo "appended to BENCHMARKS.md; logs in $OUT/"
+} > "$OUT/summary.md"
+echo "summary in $OUT/summary.md (for benchmarks/gpu.md and BENCHMARKS.md's headline); logs in $OUT/"
 printf '%s\n' "${status[@]}"
 ! printf '%s\n' "${status[@]}" | grep -q FAILED
