@@ -61,19 +61,28 @@ def fit_ring(n, sizes, times):
                        times)
 
 
-def fit_two_regimes(sizes, times, ratio=100.0):
+def fit_two_regimes(sizes, times, ratio=1000.0):
     """For a link that one line does not fit, e.g. one shaped by a token bucket
     (tc tbf, `hpcdl vcluster --link`): messages below its burst pass at the
-    wire's speed, the rest at the shaped rate. alpha comes from the latency
-    regime (times within 2x the smallest), beta from the bandwidth regime
-    (times >= ratio x the smallest), each by the relative fit above; the Fit
-    reports both against every point. None when a regime has < 2 points."""
+    wire's speed, the rest at the shaped rate. With base = the median time of
+    the 3 smallest messages, alpha is the median time of the latency regime
+    (times <= 2 x base), beta the slope of the relative fit over the
+    bandwidth regime (times >= ratio x base);
+    the Fit reports both against every point. None when a regime
+    has < 2 points or beta comes out <= 0."""
     m = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
-    tmin = t[t > 0].min() if (t > 0).any() else 0.0
-    small, large = (t > 0) & (t <= 2 * tmin), t >= ratio * tmin
+    pos = np.flatnonzero(t > 0)
+    if len(pos) < 4:
+        return None
+    # the base latency: median time of the 3 smallest messages (one odd fast
+    # or slow round trip must not move the regimes)
+    base = float(np.median(t[pos[np.argsort(m[pos], kind="stable")[:3]]]))
+    small, large = (t > 0) & (t <= 2 * base), (t > 0) & (t >= ratio * base)
     if small.sum() < 2 or large.sum() < 2:
         return None
-    alpha = fit_alpha_beta(m[small], t[small]).coef[0]
-    beta = fit_alpha_beta(m[large], t[large]).coef[1]
+    alpha = float(np.median(t[small]))
+    beta = fit_alpha_beta(m[large], t[large]).coef[1]  # the slope; its intercept
+    if beta <= 0:                                      # holds the burst's head start
+        return None
     return _scored((alpha, beta), alpha + beta * m, t)
