@@ -29,13 +29,17 @@ Around each unit's forward and backward:
     backward        the gradient of the full buffer (all of the unit's parameter
                     gradients, complete: every use of the views is done) is
                     reduce-scattered, averaged over ranks, into this rank's
-                    block; the full buffer is freed; the block's slices are the
-                    pieces' .grad
+                    block, queued on the engine while backward goes on; the
+                    full buffer is freed
+    after backward  (a callback autograd runs when the backward is done) wait
+                    for the reduce-scatters; each block's slices are added to
+                    the pieces' .grad
 
-Every collective goes through the engine (async, then waited), so prefetches
-and gathers keep one order on every rank. Peak parameter memory per rank: the
-1/N blocks plus the gathered units alive at once (the running one, the
-prefetched one, and in backward the one whose gradient is being reduced).
+Every collective goes through the engine (queued, waited later), so
+prefetches, gathers and reduce-scatters keep one order on every rank. Peak
+parameter memory per rank: the 1/N blocks plus the gathered units alive at
+once (the running one, the prefetched one); in backward also the full
+gradients whose reduce-scatter is in flight.
 
 Not supported (refused or documented): parameters shared by two units (tied
 weights across units: put both modules in one unit), GPU parameters (the
@@ -148,13 +152,23 @@ class _Unit:
             h.wait()
             self.free(full)
 
-    def reduce(self, grad):
-        """The averaged gradient block of this rank (reduce-scatter of grad)."""
+    def start_reduce(self, grad):
+        """Queues the reduce-scatter (average) of the unit's full gradient into
+        this rank's block; finish_reduce adds the block to the pieces' .grad."""
         block = torch.empty(self.counts[self.owner.comm.rank], dtype=grad.dtype)
-        self.owner.comm.reduce_scatter_async(grad.contiguous(), block, counts=self.counts,
-                                             op="average",
-                                             name="zero3.reduce.%d" % self.index).wait()
-        return [block[a:a + n] for a, n in self.spans]
+        h = self.owner.comm.reduce_scatter_async(grad.contiguous(), block, counts=self.counts,
+                                                 op="average",
+                                                 name="zero3.reduce.%d" % self.index)
+        return h, block
+
+    @torch.no_grad()
+    def finish_reduce(self, handle, block):
+        handle.wait()
+        for piece, (a, n) in zip(self.pieces, self.spans):
+            if piece.grad is None:
+                piece.grad = block[a:a + n]
+            else:  # backward_passes_per_step > 1, or zero_grad(set_to_none=False)
+                piece.grad.add_(block[a:a + n])
 
     def views(self, full):
         out, at = [], 0
@@ -179,12 +193,14 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        """The reduce-scatter runs on the engine while backward goes on; the
+        pieces' .grad is set when the whole backward is done (owner.pending)."""
         unit = ctx.unit
-        grads = unit.reduce(grad)
+        unit.owner.reduce_later(unit, *unit.start_reduce(grad))
         if ctx.storage.nbytes():
             ctx.storage.resize_(0)
             unit.owner.account(-unit.numel * unit.shard.element_size())
-        return (None, *grads)
+        return (None,) + (None,) * len(unit.pieces)
 
 
 # ---------------------------------------------------------------- the model
@@ -196,6 +212,7 @@ class ShardedModel:
         self.sharded = True       # False between unshard() and reshard()
         self.live_bytes = self.peak_bytes = 0  # gathered (full) parameter bytes
         self.order, self._trace = [], []       # units in forward order
+        self.pending = []         # (unit, handle, block): reduce-scatters of this backward
         self.units = _make_units(self, model, units)
         for u in self.units:
             u.fill_slots(u.pieces)
@@ -250,6 +267,18 @@ class ShardedModel:
                     prev.regather(prev.last_full, wait=False)
             return grad
         return hook
+
+    def reduce_later(self, unit, handle, block):
+        """Called in backward: the first one queues _backward_done to run when
+        autograd has finished this backward."""
+        if not self.pending:
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        self.pending.append((unit, handle, block))
+
+    def _backward_done(self):
+        pending, self.pending = self.pending, []
+        for unit, handle, block in pending:
+            unit.finish_reduce(handle, block)
 
     def _model_starts(self, module, args):
         for u in self.units:  # re-gathers of a backward that never reached them
