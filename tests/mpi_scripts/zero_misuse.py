@@ -4,7 +4,8 @@ collective (so no rank waits); afterwards a good one steps, and
 broadcast_optimizer_state works on it. Sparse gradients at stage 2 are a
 one-line error on every rank. shard_model (stage 3) refuses tied weights
 across units, sparse embeddings and non-CPU parameters on every rank, and
-works afterwards. Prints 'MISUSE OK' per rank."""
+works afterwards, also after a backward that raised midway. Prints 'MISUSE OK' per rank."""
+import copy
 import sys
 
 import torch
@@ -46,6 +47,10 @@ def refused(what, words, make):
             fails.append("%s: unclear message %r" % (what, str(e)))
 
 
+def boom(grad):
+    raise RuntimeError("boom")
+
+
 def sparse_stage2():
     emb = torch.nn.Embedding(10, 4, sparse=True)
     o = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
@@ -78,6 +83,23 @@ tied(torch.randn(3, 4)).sum().backward()
 if len(list(tied.parameters())) != 3 or tied.enc.weight.grad is None:
     fails.append("tied weights in one unit: %d pieces, grad %s"
                  % (len(list(tied.parameters())), tied.enc.weight.grad))
+# stage 3: a backward that raises midway leaves reduce-scatters in flight; the next
+# forward waits for them, and the next step is right (every rank sees the same x here)
+torch.manual_seed(5)
+net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+ref = copy.deepcopy(net)
+hvd.shard_model(net)
+x = torch.randn(6, 5)
+hook = net[1].register_forward_hook(lambda m, i, o: (o.register_hook(boom), o)[1])
+refused("a backward that raises", "boom", lambda: net(x).sum().backward())
+hook.remove()
+for m in (net, ref):
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m(x).sum().backward()
+    opt.step()
+net._hpcdl_shards.unshard()
+if any(not torch.allclose(a, b, atol=1e-7) for a, b in zip(net.parameters(), ref.parameters())):
+    fails.append("stage 3 after a backward that raised: the next step differs")
 print("[rank %d] MISUSE %s%s" % (R, "FAIL" if fails else "OK", "".join("\n  " + f for f in fails)),
       flush=True)
 sys.exit(1 if fails else 0)

@@ -283,6 +283,9 @@ class ShardedModel:
     def _model_starts(self, module, args):
         for u in self.units:  # re-gathers of a backward that never reached them
             u.drop_backward_prefetch()
+        for _, handle, _ in self.pending:  # a backward that raised before its callback
+            handle.wait()
+        self.pending = []
 
     def _model_done(self, module, args, output):
         if self._trace and not self.order:  # the first forward sets the order
