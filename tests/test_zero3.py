@@ -78,3 +78,16 @@ def test_train_config_refuses_what_stage3_cannot_do(flags, words):
     from hpcdl.train.config import ConfigError, TrainConfig
     with pytest.raises(ConfigError, match=words):
         TrainConfig(zero=3, **flags).check(2)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_train_zero_refuses_gpus_before_any_collective(stage, monkeypatch):
+    # one process, no MPI: a GPU picked for the rank is a ConfigError in the set-up
+    import torch
+    from hpcdl.train import allreduce, zero
+    from hpcdl.train.config import ConfigError, TrainConfig
+    monkeypatch.setattr(allreduce, "pick_device", lambda: torch.device("cuda", 0))
+    monkeypatch.setattr(allreduce.comm, "rank", lambda: 0)
+    monkeypatch.setattr(allreduce.comm, "size", lambda: 1)
+    with pytest.raises(ConfigError, match="--zero %d trains on the CPU only" % stage):
+        (zero.Zero3 if stage == 3 else zero.Zero)(TrainConfig(zero=stage))

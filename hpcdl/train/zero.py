@@ -29,6 +29,7 @@ class Zero(AllReduce):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.zero_stage = cfg.zero
+        _refuse_gpu(self.device, cfg.zero)
 
     def describe(self, ds):
         return "%s, ZeRO stage %d" % (super().describe(ds), self.zero_stage)
@@ -65,6 +66,7 @@ class Zero3(AllReduce):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.zero_stage = 3
+        _refuse_gpu(self.device, 3)
         self.shards = None
         self._dirs = []  # shard directories written or loaded by this run, oldest first
 
@@ -160,6 +162,16 @@ class Zero3(AllReduce):
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng"]["torch"])
+
+
+def _refuse_gpu(device, stage):
+    """ConfigError on every rank (each picks its device alike) before any collective."""
+    if device.type != "cpu":
+        from .errors import ConfigError
+        raise ConfigError("--zero %d trains on the CPU only for now (this rank would use %s): "
+                          "hpcdl's reduce-scatter and all-gather take host buffers; use "
+                          "--zero 0 on GPUs, or CUDA_VISIBLE_DEVICES= to train on the CPU"
+                          % (stage, device))
 
 
 def _state_bytes(opt):
