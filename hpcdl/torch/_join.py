@@ -40,6 +40,7 @@ joined.
 import torch
 
 from . import _handles
+from .exceptions import HorovodInternalError
 from ._shapes import (ITEMS, JOINED, KIND, KINDS, NITEMS, OP, ROOT, ROW_ELEMS, SLOTS,
                       descriptor, dtype_of, joined_row, start_round)
 
@@ -58,7 +59,13 @@ def join(device=-1):
     while True:
         handle, rows = start_round(on, joined_row(newly), "join")
         newly = False
-        handle.wait()
+        try:
+            handle.wait()
+        except RuntimeError as e:  # e.g. the core's agreement check: another kind of call
+            raise HorovodInternalError(
+                "hvd.join(): another rank made a collective that a joined rank cannot "
+                "answer (only hvd.* collectives and DistributedOptimizer steps with "
+                "zero_stage=0 on the global process set; see docs/horovod.md): %s" % e) from e
         rows = rows.tolist()
         live = [r for r in rows if r[KIND] != JOINED]
         if not live:

@@ -29,7 +29,8 @@ on rank- and position-dependent data.
            different numbers of steps; a DistributedOptimizer (shared and
            plain buckets, fp16 compression) where rank k trains k + 1 steps
            then joins equals one process averaging the live ranks'
-           gradients over size
+           gradients over size; a comm-level call while rank 0 has joined
+           fails on every rank (one node)
 Prints 'CHECKS n FAILED k'."""
 import warnings
 
@@ -301,6 +302,15 @@ def join():
               "with the most steps)" % (first, every, max(live)))
     for compression in (hvd.Compression.none, hvd.Compression.fp16):
         join_optimizer(compression)
+    if hvd.cross_size() == 1:  # one node: the core's agreement check meets in shared memory
+        import numpy as np
+        from hpcdl.torch._handles import world
+        if R == 0:  # a call join cannot answer: an error on every rank, not a hang
+            expect_error(hvd.join, hvd.HorovodInternalError,
+                         ["hvd.join(): another rank made a collective"], "join vs comm call")
+        else:
+            expect_error(lambda: world().allreduce_async(np.ones(7, np.float32)).wait(),
+                         MismatchError, ["disagree"], "comm call while rank 0 joined")
     close(hvd.allreduce(values(R, (3,)), op=hvd.Sum), set_math(range(N), (3,), hvd.Sum),
           "the world works as usual after join")
 
