@@ -12,6 +12,7 @@ HPCDL_ELASTIC_ATTEMPT (0, 1, ...); hvd.elastic.run resumes from there.
 The restart policy only: run.py hands in how to start the job and how to
 probe a host, so imports run one way (run -> elastic_run)."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,20 +37,45 @@ def check_counts(n, min_np, max_np):
 
 def live_hosts(hosts, probe_line, timeout, verbose):
     """The (name, slots) of hosts that start one rank within timeout seconds;
-    probe_line(name) is the launcher line that starts `true` there."""
+    probe_line(name) is the launcher line that starts `true` there. The
+    probes run at once (a dead host costs one timeout, not one per host);
+    a probe still running at the deadline is killed with everything it
+    started (its own session), so no half-started daemon is left behind."""
+    probes = [(name, slots, _start_probe(probe_line(name))) for name, slots in hosts]
+    deadline = time.time() + timeout
     alive = []
-    for name, slots in hosts:
-        line = probe_line(name)
-        try:
-            ok = subprocess.run(line, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                timeout=timeout).returncode == 0
-        except subprocess.TimeoutExpired:
-            ok = False
+    for name, slots, proc in probes:
+        rc = _wait_probe(proc, deadline) if proc is not None else "not started"
+        ok = rc == 0
         if verbose or not ok:
-            say("host %s %s" % (name, "answers" if ok else "does not answer: left out"))
+            say("host %s %s" % (name, "answers" if ok else
+                                "does not answer within --start-timeout %gs: left out"
+                                % timeout if rc is None else
+                                "cannot start a rank (probe status %s): left out" % rc))
         if ok:
             alive.append((name, slots))
     return alive
+
+
+def _start_probe(line):
+    try:
+        return subprocess.Popen(line, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return None
+
+
+def _wait_probe(proc, deadline):
+    """The probe's exit status, or None when it ran past deadline (then killed)."""
+    try:
+        return proc.wait(timeout=max(0.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        return None
 
 
 def say(text):
