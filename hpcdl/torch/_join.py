@@ -37,12 +37,18 @@ through the engine's rounds), DistributedOptimizer with zero_stage 1 or 2
 set other than the global one. Do not call those while a rank may have
 joined.
 """
+import weakref
+
 import torch
 
 from . import _handles
 from .exceptions import HorovodInternalError
 from ._shapes import (ITEMS, JOINED, KIND, KINDS, NITEMS, OP, ROOT, ROW_ELEMS, SLOTS,
                       descriptor, dtype_of, joined_row, start_round)
+
+# number -> DistributedOptimizer that join() can answer (optimizer.py registers
+# them here, so that imports run one way: optimizer -> _join)
+joinable = weakref.WeakValueDictionary()
 
 
 def join(device=-1):
@@ -85,8 +91,7 @@ def _answer(on, row, where):
                                               op=row[OP], name="join.zeros"))
         handles += [_invalid(on) for _ in range(row[NITEMS] - SLOTS)]
     elif kind == "optimizer":
-        from .optimizer import _joinable
-        opt = _joinable.get(row[ROOT])
+        opt = joinable.get(row[ROOT])
         if opt is None or len(opt._buckets) != row[NITEMS]:
             handles += [_invalid(on) for _ in range(row[NITEMS])]
         else:

@@ -38,7 +38,7 @@ from .compression import compress
 from . import _join, zero as _zero
 
 FIRST_BUCKET_BYTES = 1 << 20
-_joinable = weakref.WeakValueDictionary()   # number -> optimizer that join() can answer
+_joinable = _join.joinable   # number -> optimizer that join() can answer
 _numbers = itertools.count(1)
 
 
