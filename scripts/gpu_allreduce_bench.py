@@ -80,15 +80,16 @@ def mpi_host_rows(args):
     return rows
 
 
-def gloo_rows(args, rank, n):
+def gloo_rows(args):
     """Peer in the same run: torch.distributed's gloo all-reduce of the same
     CUDA tensors (gloo stages device memory through the host, as hpcdl's
-    staged path does; NCCL cannot run two ranks on one GPU)."""
+    staged path does; NCCL cannot run two ranks on one GPU). Started as
+    `hpcdl bench allreduce` starts it."""
     import torch.distributed as dist
-    port = MPI.COMM_WORLD.bcast(29500 + os.getpid() % 1000 if rank == 0 else None)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=n)
+    from hpcdl.bench.allreduce import describe_job, start_gloo
+    err = start_gloo(MPI.COMM_WORLD, describe_job(MPI.COMM_WORLD))
+    if err:
+        raise RuntimeError(err)
     rows, dev = [], torch.cuda.current_device()
     for nbytes in sizes(args.min_bytes, args.max_bytes):
         buf = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
@@ -102,17 +103,9 @@ def gloo_rows(args, rank, n):
 def copy_floor_rows(args):
     """The staging floor: the buffer down to pinned host memory and back up
     (what any host-staged all-reduce must move over PCIe), no reduction."""
-    rows, dev = [], torch.cuda.current_device()
-    for nbytes in sizes(args.min_bytes, args.max_bytes):
-        d = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
-        h = torch.empty(nbytes // 4, dtype=torch.float32).pin_memory()
-
-        def trip():
-            h.copy_(d, non_blocking=True)
-            d.copy_(h, non_blocking=True)
-        iters = max(3, min(args.iters, int(2e8 // max(nbytes, 1))))
-        rows.append((nbytes, "floor: D2H + H2D copy", timed(trip, iters), 0))
-    return rows
+    from hpcdl.bench.device import staging_floor_us
+    return [(nbytes, "floor: D2H + H2D copy", staging_floor_us(nbytes) * 1e-6, 0)
+            for nbytes in sizes(args.min_bytes, args.max_bytes)]
 
 
 def table(rows, n):
@@ -174,7 +167,7 @@ def main():
     rows += mpi_host_rows(args)
     rows += copy_floor_rows(args)
     try:
-        rows += gloo_rows(args, rank, n)
+        rows += gloo_rows(args)
     except Exception as e:  # a peer that cannot run is reported, not fatal
         print("rank %d: gloo peer failed: %s: %s" % (rank, type(e).__name__, e), flush=True)
     try:

@@ -154,24 +154,22 @@ static int have_f16c(void) { return 0; }
 #define narrow_f16_hw narrow_f16_sw
 #endif
 
-static void widen(float *dst, const uint16_t *src, size_t m, int is_bf16) {
-    if (is_bf16) {
-        for (size_t i = 0; i < m; i++) dst[i] = bf16_to_f32(src[i]);
-    } else if (have_f16c()) {
-        widen_f16_hw(dst, src, m);
-    } else {
-        widen_f16_sw(dst, src, m);
-    }
+static void widen_bf16(float *dst, const uint16_t *src, size_t m) {
+    for (size_t i = 0; i < m; i++) dst[i] = bf16_to_f32(src[i]);
 }
 
-static void narrow(uint16_t *dst, const float *src, size_t m, int is_bf16) {
-    if (is_bf16) {
-        for (size_t i = 0; i < m; i++) dst[i] = f32_to_bf16(src[i]);
-    } else if (have_f16c()) {
-        narrow_f16_hw(dst, src, m);
-    } else {
-        narrow_f16_sw(dst, src, m);
-    }
+static void narrow_bf16(uint16_t *dst, const float *src, size_t m) {
+    for (size_t i = 0; i < m; i++) dst[i] = f32_to_bf16(src[i]);
+}
+
+typedef void (*widen_fn)(float *, const uint16_t *, size_t);
+typedef void (*narrow_fn)(uint16_t *, const float *, size_t);
+
+// The conversions of one 16-bit dtype, chosen once per call.
+static void converters(int is_bf16, widen_fn *widen, narrow_fn *narrow) {
+    int hw = !is_bf16 && have_f16c();
+    *widen = is_bf16 ? widen_bf16 : hw ? widen_f16_hw : widen_f16_sw;
+    *narrow = is_bf16 ? narrow_bf16 : hw ? narrow_f16_hw : narrow_f16_sw;
 }
 
 // out may alias a or b exactly (in-place reduction), so the 16-bit path goes
@@ -180,22 +178,28 @@ static void narrow(uint16_t *dst, const float *src, size_t m, int is_bf16) {
 static void half_reduce(uint16_t *out, const uint16_t *a, const uint16_t *b, size_t n,
                         hpcdl_op op, int is_bf16) {
     float fa[HALF_BLOCK], fb[HALF_BLOCK], fo[HALF_BLOCK];
+    widen_fn widen;
+    narrow_fn narrow;
+    converters(is_bf16, &widen, &narrow);
     for (size_t base = 0; base < n; base += HALF_BLOCK) {
         size_t m = n - base < HALF_BLOCK ? n - base : HALF_BLOCK;
-        widen(fa, a + base, m, is_bf16);
-        widen(fb, b + base, m, is_bf16);
+        widen(fa, a + base, m);
+        widen(fb, b + base, m);
         f32_reduce(fo, fa, fb, m, op);
-        narrow(out + base, fo, m, is_bf16);
+        narrow(out + base, fo, m);
     }
 }
 
 static void half_divide(uint16_t *p, size_t n, int by, int is_bf16) {
     float f[HALF_BLOCK];
+    widen_fn widen;
+    narrow_fn narrow;
+    converters(is_bf16, &widen, &narrow);
     for (size_t base = 0; base < n; base += HALF_BLOCK) {
         size_t m = n - base < HALF_BLOCK ? n - base : HALF_BLOCK;
-        widen(f, p + base, m, is_bf16);
+        widen(f, p + base, m);
         for (size_t i = 0; i < m; i++) f[i] /= (float)by;
-        narrow(p + base, f, m, is_bf16);
+        narrow(p + base, f, m);
     }
 }
 

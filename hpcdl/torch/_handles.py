@@ -67,13 +67,14 @@ class Later:
         _deferred.append(self)
 
     def queue(self):
-        """Queues every deferred item of this communicator up to this one."""
+        """Queues every deferred item of this communicator up to this one, in
+        submission order (the same on every rank)."""
         while not self.queued:
-            first = next((d for d in _deferred if d.on is self.on), self)
-            if first is self and self not in _deferred:  # cleared by shutdown
+            first = next((d for d in _deferred if d.on is self.on), None)
+            if first is None:  # self was dropped by clear() (shutdown)
                 self.queued = True
                 break
-            _deferred.remove(first) if first in _deferred else None
+            _deferred.remove(first)
             first.queued = True
             try:
                 first._round.wait()

@@ -27,7 +27,6 @@ import contextlib
 import itertools
 import os
 import warnings
-import weakref
 
 import torch
 
@@ -38,7 +37,6 @@ from .compression import compress
 from . import _join, zero as _zero
 
 FIRST_BUCKET_BYTES = 1 << 20
-_joinable = _join.joinable   # number -> optimizer that join() can answer
 _numbers = itertools.count(1)
 
 
@@ -171,7 +169,7 @@ class DistributedOptimizer(OptimizerWrapper):
         self._join_round = None                # this step's round (comm handle)
         if (self._comm is not None and self.zero_stage == 0
                 and self.process_set.process_set_id == 0):
-            _joinable[self._join_number] = self
+            _join.joinable[self._join_number] = self
         for b in self._buckets:
             for p, v in zip(b.params, b.views):
                 p.grad = v
@@ -230,7 +228,7 @@ class DistributedOptimizer(OptimizerWrapper):
                 if self._passes[p] == 0:  # no gradient this step: it counts as zero
                     v.zero_()
                     p.grad = v
-        if b.index == 0 and self._join_number in _joinable:
+        if b.index == 0 and self._join_number in _join.joinable:
             self._join_round = _join.start_step_round(self)
         t = b.buffer
         if self._predivide != 1.0:
