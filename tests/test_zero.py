@@ -7,8 +7,13 @@ rank count), two parameter groups, a StepLR schedule, backward_passes_per_step,
 global-norm clipping and several buckets; each rank holds about 1/N of the
 optimizer-state bytes; the consolidated state_dict() equals stage 0's and
 loads into a plain optimizer and a fresh ZeRO one; a bad zero_stage, sparse
-gradients and stage 3's refusals fail on every rank. The scripts are in tests/mpi_scripts/zero_*.py."""
+gradients and stage 3's refusals fail on every rank; `hpcdl bench train --zero`
+refuses bad stages in one line and, on a tiny MLP, prints every row with the
+bytes each rank holds. The scripts are in tests/mpi_scripts/zero_*.py."""
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -134,3 +139,38 @@ def test_train_config_rejects_bad_zero(zero, mode, words):
     from hpcdl.train.config import ConfigError, TrainConfig
     with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
         TrainConfig(zero=zero, mode=mode).check(3)
+
+
+# ------------------------------------------------------------ hpcdl bench train --zero
+@pytest.mark.parametrize("stages", ["0,4", "x", ",", "-1"])
+def test_bench_zero_refuses_bad_stages(stages):
+    # parsed before any launch: one line, exit 2, no rank started
+    r = subprocess.run([sys.executable, "-m", "hpcdl", "bench", "train", "-n", "2",
+                        "--zero", stages], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--zero" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.mpi
+def test_bench_zero_rows_and_bytes(tmp_path):
+    # every stage and its PyTorch counterpart on a tiny MLP: the rows, the bytes
+    # each rank holds (sharded ones about half of stage 0's on 2 ranks) and
+    # every implementation ending at stage 0's parameters
+    out = tmp_path / "zero.json"
+    src = ("import sys; from hpcdl.bench import zero; sys.exit(zero.run(zero.Options("
+           "model='tiny', steps=2, warmup=1, batch=4, json=%r)))" % str(out))
+    r = run_python(2, src, timeout=120)
+    assert "#wrong 0" in r.stdout and "OK" in r.stdout, r.stdout
+    rows = {row["impl"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"hpcdl-zero0", "hpcdl-zero1", "hpcdl-zero2", "hpcdl-zero3",
+                         "torch-ddp", "torch-zero1", "torch-fsdp2-noreshard", "torch-fsdp2"}
+    full = rows["hpcdl-zero0"]
+    for name in ("hpcdl-zero1", "hpcdl-zero2", "hpcdl-zero3"):
+        assert rows[name]["opt_state_bytes"] <= full["opt_state_bytes"] / 2 + 64, rows[name]
+    for name in ("hpcdl-zero2", "hpcdl-zero3"):
+        assert rows[name]["grad_bytes"] <= full["grad_bytes"] / 2 + 64, rows[name]
+    assert rows["hpcdl-zero3"]["param_bytes"] <= full["param_bytes"] / 2 + 64
+    assert 0 < rows["hpcdl-zero3"]["peak_gathered_bytes"] <= full["param_bytes"]
+    for row in rows.values():
+        assert row["samples_per_s"] > 0 and row["max_rel_diff"] < 1e-4, row
+        assert (row["vs_torch"] is not None) == row["impl"].startswith("hpcdl"), row

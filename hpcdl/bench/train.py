@@ -236,12 +236,19 @@ def _pct(value, rng, repeats):
     return text + (" (%.0f..%.0f%%)" % tuple(100 * v for v in rng) if repeats > 1 else "")
 
 
-def run(opts):
+def start(opts):
+    """(world, job, threads): MPI up, the job described, torch's threads set
+    (bench train and bench train --zero)."""
     world = comm.init()
-    mpi = world.mpi
-    job = describe_job(mpi)
+    job = describe_job(world.mpi)
     threads = opts.threads or max(1, (os.cpu_count() or 1) // world.local_size)
     torch.set_num_threads(threads)
+    return world, job, threads
+
+
+def run(opts):
+    world, job, threads = start(opts)
+    mpi = world.mpi
     data = batches(opts, build_model(opts.model)[1], 10, world.rank, opts.warmup + opts.steps)
     nparams = sum(p.numel() for p in build_model(opts.model)[0].parameters())
     err = start_gloo(mpi, job)

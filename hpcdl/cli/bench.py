@@ -137,6 +137,10 @@ def _register_train(sub):
                         "report medians and the range (default 3): one run on a shared "
                         "machine is not a measurement")
     p.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    p.add_argument("--zero", default=None, metavar="STAGES",
+                   help="ZeRO instead: hpcdl's stages (comma-separated, of 0,1,2,3) with Adam "
+                        "against DistributedOptimizer, ZeroRedundancyOptimizer and FSDP2 on "
+                        "gloo; samples/s and bytes held per rank (docs/zero.md)")
     p.set_defaults(func=run_train)
 
 
@@ -148,6 +152,7 @@ def run_train(args):
         raise UsageError("--warmup must be at least 1 (the first steps build buffers)")
     if args.n is not None and args.n < 1:
         raise UsageError("-n must be at least 1 (got %d)" % args.n)
+    stages = _zero_stages(args.zero) if args.zero is not None else None
     from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         argv = [sys.executable, "-m", "hpcdl", "bench", "train", "--model", args.model,
@@ -155,12 +160,36 @@ def run_train(args):
                 "--batch", str(args.batch), "--threads", str(args.threads),
                 "--repeats", str(args.repeats)]
         argv += ["--json", args.json] if args.json else []
+        argv += ["--zero", args.zero] if args.zero is not None else []
         return launcher.launch(args.n, argv, **launcher.launch_options(args))
+    if args.zero is not None:
+        return _abort_on_error(*zero_options(args, stages))
     from ..bench import train
     opts = train.Options(model=args.model, steps=args.steps, warmup=args.warmup,
                          batch=args.batch, threads=args.threads, repeats=args.repeats,
                          json=args.json)
     return _abort_on_error(train.run, opts)
+
+
+def _zero_stages(text):
+    """'0,1,2,3' -> (0, 1, 2, 3), or a one-line UsageError (parsed here, before
+    the launch, so a bad list never starts ranks)."""
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise UsageError("--zero needs a comma-separated list of stages of 0,1,2,3")
+    for s in items:
+        if not s.isdigit() or int(s) > 3:
+            raise UsageError("--zero: stage %r is not one of 0, 1, 2, 3 (0 unsharded, 1 "
+                             "optimizer state, 2 + gradients, 3 + parameters sharded)" % s)
+    return tuple(sorted(set(int(s) for s in items)))
+
+
+def zero_options(args, stages):
+    """(hpcdl.bench.zero.run, its Options) for `bench train --zero`."""
+    from ..bench import zero
+    return zero.run, zero.Options(model=args.model, stages=stages, steps=args.steps,
+                                  warmup=args.warmup, batch=args.batch, threads=args.threads,
+                                  repeats=args.repeats, json=args.json)
 
 
 def _abort_on_error(run, opts):
