@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -93,10 +94,15 @@ def test_bad_checkpoints_fail_on_every_rank(tmp_path):
         (good, ["--hidden", "64"], "run with --hidden 32, this run has 64"),
         (good, ["--global-batch", "32"], "--global-batch 64, this run has 32"),
     ]
-    for data, flags, message in cases:
-        bad = tmp_path / "bad.pt"
+    def resume_from(i, data, flags):
+        bad = tmp_path / ("bad%d.pt" % i)
         bad.write_bytes(data)
-        r = run_mpi(2, base + ["--resume", str(bad)] + flags, timeout=120)
+        return bad, run_mpi(2, base + ["--resume", str(bad)] + flags, timeout=120)
+
+    # the four launches at once: each is mostly start-up (imports), not CPU
+    with ThreadPoolExecutor(len(cases)) as pool:
+        runs = list(pool.map(lambda c: resume_from(c[0], *c[1][:2]), enumerate(cases)))
+    for (data, flags, message), (bad, r) in zip(cases, runs):
         assert r.returncode != 0, r.stdout
         errors = [l for l in r.stdout.splitlines() if l.startswith("hpcdl: error: ")]
         if data.startswith(b"PK"):  # a zip: read collectively, every rank says so
