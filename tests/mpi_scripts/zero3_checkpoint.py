@@ -12,7 +12,6 @@ optimizer grouping: a ValueError on every rank, and no file in DIR changed.
 `load` (run it on 2 ranks: resharding) loads DIR into a fresh model, trains
 3 more steps and compares with one process that trained all 6 steps (within
 1e-6 relative). Prints 'CKPT OK' per rank, exits non-zero on any failure."""
-import hashlib
 import os
 import shutil
 import sys
@@ -22,6 +21,8 @@ import torch.nn as nn
 
 import hpcdl.torch as hvd
 from hpcdl.torch.zero.checkpoint import load_sharded, rank_file, save_sharded
+import zero_common
+from zero_common import digest
 from zero3_exact import B, N, R, Net, make_opt, run, train_step
 
 MODE, DIR = sys.argv[1], sys.argv[2]
@@ -54,18 +55,9 @@ def whole(shards):
     return out
 
 
-def digest(directory):
-    return {f: hashlib.sha256(open(os.path.join(directory, f), "rb").read()).hexdigest()
-            for f in sorted(os.listdir(directory))}
-
 
 def refused(what, words, call):
-    try:
-        call()
-        fails.append("%s: accepted" % what)
-    except ValueError as e:
-        if words not in str(e) or "\n" in str(e):
-            fails.append("%s: unclear message %r" % (what, str(e)))
+    zero_common.refused(fails, what, words, call)
 
 
 if MODE == "save":

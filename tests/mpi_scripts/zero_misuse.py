@@ -2,7 +2,8 @@
 ValueError on every rank that names the supported stages, before any
 collective (so no rank waits); afterwards a good one steps, and
 broadcast_optimizer_state works on it. Sparse gradients at stage 2 are a
-one-line error on every rank. shard_model (stage 3) refuses tied weights
+one-line error on every rank, and so is a parameter whose storage one rank
+replaced after a stage-1 optimizer was built. shard_model (stage 3) refuses tied weights
 across units, sparse embeddings and non-CPU parameters on every rank, and
 works afterwards, also after a backward that raised midway. Prints 'MISUSE OK' per rank."""
 import copy
@@ -69,7 +70,20 @@ class Tied(torch.nn.Module):
         return self.dec(self.enc(x))
 
 
+def moved_parameter():
+    # rank 0 alone replaces a parameter's storage after the optimizer was built
+    lin = torch.nn.Linear(5, 3)
+    o = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1),
+                                 named_parameters=lin.named_parameters(), zero_stage=1)
+    if R == 0:
+        lin.weight.data = lin.weight.data.clone()
+    lin(torch.randn(4, 5)).sum().backward()
+    o.step()
+
+
 refused("sparse gradients at stage 2", "does not support sparse gradients", sparse_stage2)
+refused("a parameter moved after the optimizer was built (rank 0 only)", "no longer lives",
+        moved_parameter)
 refused("tied weights across units", "tied weights", lambda: hvd.shard_model(Tied()))
 refused("sparse embedding at stage 3", "does not support sparse gradients",
         lambda: hvd.shard_model(torch.nn.Embedding(10, 4, sparse=True)))

@@ -4,8 +4,9 @@ Each fusion bucket is cut into one block per rank (layout.py). A rank keeps
 optimizer state only for the parameter pieces in its blocks: the wrapped
 optimizer's param_groups are rebound to those pieces (1-D views into the
 model's own parameters), so its step() updates 1/N of the model in place and
-its state (momentum, Adam's moments) has 1/N of the elements. After the step
-every bucket's updated blocks are all-gathered back into the parameters.
+its state (momentum, Adam's moments) has 1/N of the elements. The model's
+parameters are moved into one flat buffer per bucket, so after the step every
+bucket's updated blocks are all-gathered back into the parameters in place.
 
     stage 1   gradients as in stage 0: each bucket is all-reduced during
               backward and p.grad holds the average on every rank; a piece's
@@ -19,14 +20,10 @@ every bucket's updated blocks are all-gathered back into the parameters.
 LARS and LARC take per-layer norms of a whole layer: a split layer's norms
 are summed over every rank's piece (norms.py) before the wrapped step.
 """
-import collections
-
 import torch
 
 from .layout import block_counts, pieces_of
 from . import norms, state
-
-GATHER_WINDOW = 2  # all-gathers left in flight while the oldest is unpacked: bounds the buffers
 
 
 class _BucketShard:
@@ -69,6 +66,9 @@ class Sharding:
                     raise ValueError("zero_stage=%d needs contiguous parameters; %s is not "
                                      "(call .contiguous() on it before building the "
                                      "optimizer)" % (stage, opt._names[p]))
+        # the parameters move into one flat buffer per bucket (bucket order), so
+        # the all-gather after the step lands in them in place: no pack, no unpack
+        self.flats = [_flatten(b.params) for b in opt._buckets]
         self.shards = [_BucketShard(b, self.comm.size, self.comm.rank) for b in opt._buckets]
         for s in self.shards:
             if stage == 1:  # the all-reduced bucket holds the block already
@@ -129,6 +129,7 @@ class Sharding:
     def step(self, closure=None):
         """The wrapped optimizer updates this rank's pieces, then every
         bucket's blocks are all-gathered into the model's parameters."""
+        self._check_storage()
         targets = norms.layer_norm_users(self.inner)
         if targets:
             table = norms.layer_norms(self, self.comm)
@@ -144,23 +145,38 @@ class Sharding:
         self.gather_params()
         return loss
 
+    def _check_storage(self):
+        """The pieces and the all-gather write into the flat buffers: a
+        parameter whose storage was replaced since (p.data = ..., model.to(),
+        load_state_dict(assign=True)) would silently stop training. Agreed
+        over ranks (one 4-byte all-reduce) so that every rank raises."""
+        err = None
+        for s, flat in zip(self.shards, self.flats):
+            at = flat.data_ptr()
+            for p in s.bucket.params:
+                if p.numel() and p.data_ptr() != at and err is None:
+                    err = ("zero_stage=%d: on rank %d, parameter %s no longer lives in the buffer "
+                           "DistributedOptimizer put it in (its .data was replaced: "
+                           "model.to(), load_state_dict(assign=True), p.data = ...), so the "
+                           "update would not reach it; move or load the model before building "
+                           "the optimizer, or copy into p in place"
+                           % (self.stage, self.comm.rank, self.opt._names[p]))
+                at += p.numel() * flat.element_size()
+        if self.comm.any_rank(err is not None):
+            self.comm.raise_if_any(err)
+
     @torch.no_grad()
     def gather_params(self):
-        """All-gathers every bucket's updated blocks into the parameters,
-        GATHER_WINDOW buckets in flight at a time."""
-        window = collections.deque()
-        for s in self.shards:
-            send = torch.empty(s.count, dtype=s.dtype, device=s.device)
-            for c, t in zip(s.pieces, s.tensors):
-                send[c.at:c.at + c.numel].copy_(t.reshape(-1))
-            recv = torch.empty(s.bucket.numel, dtype=s.dtype, device=s.device)
-            h = self.comm.allgather_async(send, recv, counts=s.counts,
-                                          name="gather.%d" % s.bucket.index)
-            window.append((s, h, recv))
-            if len(window) > GATHER_WINDOW:
-                _unpack(*window.popleft())
-        while window:
-            _unpack(*window.popleft())
+        """All-gathers every bucket's updated block into its flat parameter
+        buffer in place (each rank's block already sits at its offset there):
+        all buckets queued at once, then waited. The ring, which skips the copy
+        of a send buffer that is already the rank's block; MPI_Allgatherv would
+        need MPI_IN_PLACE for that."""
+        handles = [self.comm.allgather_async(flat[s.lo:s.lo + s.count], flat, counts=s.counts,
+                                             algorithm="ring", name="gather.%d" % s.bucket.index)
+                   for s, flat in zip(self.shards, self.flats)]
+        for h in handles:
+            h.wait()
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self):
@@ -175,9 +191,17 @@ class Sharding:
                    for v in st.values() if torch.is_tensor(v))
 
 
-def _unpack(s, handle, recv):
-    handle.wait()
+def _flatten(params):
+    """One flat buffer holding params one after another; each parameter's
+    .data becomes a view of its span (the same Parameter objects, so the model,
+    its state_dict and the optimizer see the new storage)."""
+    p0 = params[0]
+    flat = torch.empty(sum(p.numel() for p in params), dtype=p0.dtype, device=p0.device)
     offset = 0
-    for p in s.bucket.params:
-        p.detach().view(-1).copy_(recv[offset:offset + p.numel()])
-        offset += p.numel()
+    with torch.no_grad():
+        for p in params:
+            span = flat[offset:offset + p.numel()]
+            span.copy_(p.detach().reshape(-1))
+            p.data = span.view(p.shape)
+            offset += p.numel()
+    return flat
