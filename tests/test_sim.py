@@ -292,6 +292,18 @@ def test_calibrate_bad_options():
 
 
 @pytest.mark.mpi
+def test_calibrate_measures_the_cpu_of_the_allreduce(tmp_path):
+    # cpu_per_byte: each rank's CPU time per byte all-reduced; cores_per_rank:
+    # both ranks on this machine share its cores
+    cal = tmp_path / "cal.json"
+    r = run_mpi(2, HPCDL + ["bench", "calibrate", "--allreduce", "--max-bytes", "256K",
+                            "--time-budget", "0.05", "--json", str(cal)], timeout=90)
+    assert r.returncode == 0, r.stdout
+    doc = json.loads(cal.read_text())
+    assert len(doc["cpu"]["per_rank"]) == 2 and doc["cpu"]["bytes"] == 256 << 10
+    assert doc["cpu_per_byte"] > 0 and doc["cores_per_rank"] == (os.cpu_count() or 1) / 2
+
+
 def test_calibrate_refuses_one_rank_under_mpirun():
     r = run_mpi(1, HPCDL + ["bench", "calibrate"], timeout=60)
     assert r.returncode == 2 and "calibration needs at least 2 ranks" in r.stdout, r.stdout

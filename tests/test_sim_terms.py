@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from hpcdl.sim import cost, scaling, stragglers, terms, units
+from hpcdl.sim import calibrate, cost, cpu, scaling, stragglers, terms, units
 
 HPCDL = [sys.executable, "-m", "hpcdl"]
 
@@ -148,6 +148,83 @@ def test_overheads_add_fixed_costs_and_a_latency_per_bucket():
     assert terms.step_time(1, step, fab, ["buckets", "overheads"])[0] == pytest.approx(2.875)
 
 
+# ----------------------------------------------------------------------------
+# the host's cores (cpu.py): timeshare and the CPU that communication needs.
+# two_layers(1.0): buckets of 100 B take 1 s; c = 0.005 s/B makes a bucket use
+# u = c 100 / 1 = 0.5 cores while it runs.
+
+def with_cores(cores, threads=1, c=0.005):
+    step, fab = two_layers(1.0)
+    step.threads, fab.cores, fab.cpu_per_byte = threads, cores, c
+    return step, fab
+
+
+def test_time_at_follows_the_slowed_clock():
+    busy = [(1.0, 2.0, 0.5), (3.0, 4.0, 0.0)]
+    assert [cpu.time_at(w, busy) for w in (0.5, 1.25, 1.5, 2.0, 2.5, 2.75)] == \
+        pytest.approx([0.5, 1.5, 2.0, 2.5, 3.0, 4.25])   # stopped 3-4 s
+    assert cpu.time_at(3.0, []) == 3.0
+
+
+def test_cpu_slows_backward_while_a_bucket_runs():
+    # 1 core, 1 thread: no spare core, backward runs at 1 - 0.5 = 0.5 during
+    # bucket 1 (1-2 s): 1.5 s done at 2 s, backward ends 2.5, bucket 2 2.5-3.5
+    step, fab = with_cores(1.0)
+    assert terms.step_time(2, step, fab, ["buckets"])[0] == pytest.approx(3.5)
+    s, exposed, _, _ = terms.step_time(2, step, fab, ["buckets", "cpu"])
+    assert (s, exposed) == pytest.approx((0.5 + 2.5 + 1.0, 1.0))
+    # 2 cores, 1 thread: the spare core carries the 0.5 cores: nothing changes
+    step, fab = with_cores(2.0)
+    assert terms.step_time(2, step, fab, ["buckets", "cpu"])[0] == pytest.approx(3.5)
+    # 2 cores, 2 threads: 0.5 of backward's 2 cores: rate 0.75, ends 2.25
+    step, fab = with_cores(2.0, threads=2)
+    assert terms.step_time(2, step, fab, ["buckets", "cpu"])[0] == pytest.approx(3.75)
+    # one GPU: no communication, no slowdown
+    assert terms.step_time(1, step, fab, ["buckets", "cpu"])[0] == pytest.approx(2.5)
+
+
+def test_timeshare_and_cpu_term_by_term():
+    # half a core per rank, 1 thread: compute x 2 (forward 1, layers 2 s each);
+    # timeshare alone: bucket 1 2-3, bucket 2 4-5: step 1 + 4 + 1 = 6;
+    # cpu: the 0.5 cores are all backward had: it stops 2-3, ends 5, bucket 2
+    # 5-6: step 7
+    step, fab = with_cores(0.5)
+    b = terms.breakdown(2, step, fab, ["buckets", "timeshare", "cpu"])
+    assert b.step_s == pytest.approx(7.0)
+    assert (b.terms["timeshare"], b.terms["cpu"]) == pytest.approx((2.5, 1.0))
+    # without a host's cores both terms are left out, not reported as 0
+    step, fab = with_cores(None)
+    b = terms.breakdown(2, step, fab, terms.TERMS)
+    assert "cpu" not in b.terms and "timeshare" not in b.terms
+
+
+def test_cpu_with_the_course_overlap():
+    # one 100 B message (1 s) hidden behind 2 s of compute at overlap 0.5:
+    # compute at rate 0.5 for that 1 s adds 0.5 s
+    fab = with_cores(1.0)[1]
+    step = terms.Step([terms.Layer(100, 1.0)], forward_s=1.0, overlap=0.5, threads=1)
+    assert terms.step_time(2, step, fab, [])[0] == pytest.approx(2.0)
+    assert terms.step_time(2, step, fab, ["cpu"])[0] == pytest.approx(2.5)
+
+
+def test_allreduce_term_prices_buckets_by_the_measured_table():
+    assert [cpu.interpolate([(1000, 1.0), (4000, 4.0)], b) for b in (500, 2000, 8000)] == \
+        pytest.approx([1.0, 2.0, 8.0])          # floor, log-log, proportional beyond
+    # measured: a 100 B bucket takes 2 s on 2 ranks (the formula says 1 s):
+    # buckets 1-3 and 3-5, step 0.5 + 2 + 3 = 5.5, so the term adds 2 s
+    step, fab = two_layers(1.0)
+    fab.measured = {2: [(100, 2.0), (1000, 20.0)]}
+    b = terms.breakdown(2, step, fab, ["buckets", "allreduce"])
+    assert (b.step_s, b.terms["allreduce"]) == pytest.approx((5.5, 2.0))
+    assert "allreduce" not in terms.breakdown(4, step, fab, terms.TERMS).terms  # not measured
+
+
+def test_cores_per_rank_counts_ranks_per_machine():
+    # two vcluster hosts on one 2-core machine (one boot id), a 4-core one apart
+    assert calibrate.cores_per_rank([("m1", 2), ("m1", 2), ("m2", 4)]) == 1.0
+    assert calibrate.cores_per_rank([("m1", 2)] * 3) == pytest.approx(2 / 3)
+
+
 def test_breakdown_adds_up_and_efficiency_uses_the_base():
     fab = terms.Fabric(5e-6, 8 / 50e9, 5e-6, 1 / 20e9, per_node=8, nics_per_node=1)
     step = resnet_step(cv=0.02, optimizer_s=0.003, bucket_latency_s=50e-6, wire_bytes=2,
@@ -218,6 +295,9 @@ def test_sim_step_cli_matches_the_library(tmp_path):
     (["--terms", "buckets,magic"], "unknown term(s) 'magic'"),
     (["--step-compute-ms", "0"], "--step-compute-ms must be > 0"),
     (["--profile", "/nonexistent.json"], "cannot read the profile /nonexistent.json"),
+    (["--cores-per-rank", "0"], "--cores-per-rank must be > 0"),
+    (["--cpu-per-byte=-1ns"], "bad --cpu-per-byte '-1ns'"),
+    (["--compute-from-measured"], "--compute-from-measured needs --measured"),
 ])
 def test_sim_step_bad_input(args, words):
     r = hpcdl(*(STEP + args))
@@ -236,3 +316,39 @@ def test_sim_step_reads_a_calibration(tmp_path):
     step = terms.Step(terms.synthetic_layers(4 * 25_557_032, 0.1 * 2 / 3), 0.1 / 3)
     want = terms.breakdown(16, step, fab, ["buckets"])
     assert json.loads(out.read_text())["rows"][0]["step_s"] == pytest.approx(want.step_s)
+
+
+def test_sim_step_cpu_terms_from_a_calibration_and_a_measured_run(tmp_path):
+    # the calibration's cpu_per_byte and cores_per_rank switch the host terms
+    # on; --compute-from-measured scales compute to the run's no-comm step
+    cal, bench, out = tmp_path / "cal.json", tmp_path / "bench.json", tmp_path / "s.json"
+    cal.write_text(json.dumps({"alpha": 0.0, "beta": 1e-8, "gamma": 0.0,
+                               "cpu_per_byte": 4e-9, "cores_per_rank": 2 / 3}))
+    bench.write_text(json.dumps({"ranks": 3, "model": "mlp", "batch_per_rank": 8, "rows": [
+        {"impl": "hpcdl", "samples_per_s": 24 / 0.9}, {"impl": "no-comm",
+                                                       "samples_per_s": 24 / 0.6}]}))
+    r = hpcdl("sim", "step", "--model", "mlp", "--calibration", str(cal), "--gpus", "3",
+              "--gpus-per-node", "1", "--algorithm", "ring", "--step-compute-ms", "300",
+              "--measured", str(bench), "--compute-from-measured", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "0.667 core(s) per rank" in r.stdout and "scaled x2" in r.stdout
+    doc = json.loads(out.read_text())
+    fab = terms.Fabric(0.0, 1e-8, 0.0, 1e-8, per_node=1, algorithm="ring", cores=2 / 3,
+                       cpu_per_byte=4e-9)
+    bwd = 0.6 * 2 / 3                       # 300 ms scaled x2 to the 600 ms no-comm step
+    step = terms.Step(terms.synthetic_layers(4 * 12_609_546, bwd), 0.6 - bwd)
+    want = terms.breakdown(3, step, fab)
+    assert doc["rows"][0]["step_s"] == pytest.approx(want.step_s)
+    assert doc["rows"][0]["terms"]["cpu"] == pytest.approx(want.terms["cpu"]) and \
+        want.terms["cpu"] > 0
+    assert doc["measured"]["measured_s"] == pytest.approx(0.9)
+
+
+def test_cli_term_names_are_the_models():
+    from hpcdl.cli import sim_terms
+    assert sim_terms.TERM_NAMES == terms.TERMS
+
+
+def test_bench_train_rejects_a_negative_fusion_size():
+    r = hpcdl("bench", "train", "--fusion-mb", "-1")
+    assert r.returncode == 2 and "--fusion-mb must be >= 0" in r.stderr, r.stderr

@@ -40,6 +40,7 @@ class Options:
     threads: int = 0         # torch threads per rank; 0 = cores / local ranks
     repeats: int = 1         # each implementation this many times, interleaved
     json: str = None
+    fusion_mb: float = None  # hpcdl's fusion buckets (MiB); None: HPCDL_FUSION_THRESHOLD's
 
 
 def build_model(name):
@@ -249,6 +250,9 @@ def start(opts):
 def run(opts):
     world, job, threads = start(opts)
     mpi = world.mpi
+    if opts.fusion_mb is not None:  # read when DistributedOptimizer plans its buckets
+        os.environ["HPCDL_FUSION_THRESHOLD"] = str(int(opts.fusion_mb * (1 << 20)))
+    from ..torch.optimizer import fusion_threshold
     data = batches(opts, build_model(opts.model)[1], 10, world.rank, opts.warmup + opts.steps)
     nparams = sum(p.numel() for p in build_model(opts.model)[0].parameters())
     err = start_gloo(mpi, job)
@@ -260,6 +264,7 @@ def run(opts):
         "%d warm-up | SGD lr %g | %d repeat(s) | steps interleaved, each timed from a barrier"
         % (opts.model, nparams / 1e6, opts.batch, opts.batch * world.size, opts.steps,
            opts.warmup, opts.lr, opts.repeats))
+    say("#  hpcdl's fusion buckets: first 1 MiB, then %.3g MiB" % (fusion_threshold() / (1 << 20)))
     if err is not None:
         say("# gloo unavailable: %s" % err)
     reps, diffs = [], []
@@ -296,6 +301,7 @@ def run(opts):
         with open(opts.json, "w") as f:
             json.dump({"ranks": world.size, "model": opts.model, "params": nparams,
                        "batch_per_rank": opts.batch, "threads": threads, "rows": rows,
+                       "fusion_bytes": fusion_threshold(),
                        "repeats": reps, "ratio": ratio, "ratios": ratios,
                        "max_param_diff": diff}, f, indent=1)
     return 1 if wrong else 0

@@ -137,6 +137,9 @@ def _register_train(sub):
                         "report medians and the range (default 3): one run on a shared "
                         "machine is not a measurement")
     p.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    p.add_argument("--fusion-mb", type=float, default=None,
+                   help="hpcdl's fusion bucket size in MiB after the 1 MiB first one "
+                        "(default: HPCDL_FUSION_THRESHOLD's, 25)")
     p.add_argument("--zero", default=None, metavar="STAGES",
                    help="ZeRO instead: hpcdl's stages (comma-separated, of 0,1,2,3) with Adam "
                         "against DistributedOptimizer, ZeroRedundancyOptimizer and FSDP2 on "
@@ -148,6 +151,8 @@ def run_train(args):
     for name in ("steps", "batch", "repeats"):
         if getattr(args, name) < 1:
             raise UsageError("--%s must be at least 1" % name)
+    if args.fusion_mb is not None and args.fusion_mb < 0:
+        raise UsageError("--fusion-mb must be >= 0 (got %g)" % args.fusion_mb)
     if args.warmup < 1:
         raise UsageError("--warmup must be at least 1 (the first steps build buffers)")
     if args.n is not None and args.n < 1:
@@ -160,6 +165,7 @@ def run_train(args):
                 "--batch", str(args.batch), "--threads", str(args.threads),
                 "--repeats", str(args.repeats)]
         argv += ["--json", args.json] if args.json else []
+        argv += ["--fusion-mb", str(args.fusion_mb)] if args.fusion_mb is not None else []
         argv += ["--zero", args.zero] if args.zero is not None else []
         return launcher.launch(args.n, argv, **launcher.launch_options(args))
     if args.zero is not None:
@@ -167,7 +173,7 @@ def run_train(args):
     from ..bench import train
     opts = train.Options(model=args.model, steps=args.steps, warmup=args.warmup,
                          batch=args.batch, threads=args.threads, repeats=args.repeats,
-                         json=args.json)
+                         json=args.json, fusion_mb=args.fusion_mb)
     return _abort_on_error(train.run, opts)
 
 

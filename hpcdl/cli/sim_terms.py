@@ -12,6 +12,9 @@ import json
 from .main import UsageError
 from .sim_common import add_network_flags, network_values, parse_gpus
 
+TERM_NAMES = ("buckets", "shared", "compression", "stragglers", "overheads", "timeshare", "cpu",
+              "allreduce")
+
 
 def register(sub):
     """Adds step, profile and records to `hpcdl sim`'s subcommands."""
@@ -25,7 +28,8 @@ def _register_step(sub):
         "step", help="step time and efficiency term by term (buckets, stragglers, ...)",
         description="Predicts the step time on each GPU count with the terms the course "
                     "formula leaves out, switched on one by one (buckets, shared, "
-                    "compression, stragglers, overheads; docs/sim.md), and prints what "
+                    "compression, stragglers, overheads, and from a calibration of the "
+                    "hosts timeshare, cpu, allreduce; docs/sim.md), and prints what "
                     "each term adds. Reads a profile from 'hpcdl sim profile' or takes "
                     "--step-compute-ms with equal synthetic layers.",
         epilog="example: hpcdl sim step --model resnet50 --gpus 8,256 --alpha 5us "
@@ -65,10 +69,22 @@ def _register_step(sub):
                    help="bytes per gradient element on the wire (2: fp16/bf16)")
     p.add_argument("--compress-gamma", default="0",
                    help="encode + decode time per gradient byte (e.g. 0.01ns)")
-    p.add_argument("--terms", default="buckets,shared,compression,stragglers,overheads",
+    p.add_argument("--cores-per-rank", type=float, default=None,
+                   help="a host's cores / the ranks on it (timeshare and cpu terms; "
+                        "default: the calibration's, else the two terms are left out)")
+    p.add_argument("--cpu-per-byte", default=None,
+                   help="host CPU time per gradient byte all-reduced, per rank (e.g. 4ns; "
+                        "default: the calibration's, else 0)")
+    p.add_argument("--threads", type=float, default=None,
+                   help="compute threads per rank (default: the profile's, else 1)")
+    p.add_argument("--terms", default=",".join(TERM_NAMES),
                    help="terms to switch on (default all)")
     p.add_argument("--measured", default=None, metavar="BENCH.json",
                    help="compare with 'hpcdl bench train --json' (its rank count)")
+    p.add_argument("--compute-from-measured", action="store_true",
+                   help="scale forward, backward and optimizer so that they add up to the "
+                        "--measured run's no-comm step (its compute under the same load); "
+                        "leave timeshare out then: that step already shares the cores")
     p.add_argument("--json", default=None, metavar="FILE", help="write the breakdowns")
     p.set_defaults(func=run_step)
 
@@ -167,6 +183,7 @@ def step_inputs(args):
         name = doc["model"]
         layers, fwd = profile.layers_of(doc), doc["forward_s"]
         spread, opt_s = doc["spread"], doc.get("optimizer_s", 0.0)
+        threads = doc.get("threads")
         source = "profile %s" % args.profile
     else:
         if args.step_compute_ms is None:
@@ -178,21 +195,61 @@ def step_inputs(args):
         name, params = scaling.resolve_model(args.model or "resnet50")
         bwd = args.step_compute_ms / 1e3 * args.backward_share
         layers = terms.synthetic_layers(4 * params, bwd, args.layers)
-        fwd, spread, opt_s = args.step_compute_ms / 1e3 - bwd, 0.0, 0.0
+        fwd, spread, opt_s, threads = args.step_compute_ms / 1e3 - bwd, 0.0, 0.0, None
         source = "%d equal layers, backward %.0f%% of compute" % (args.layers,
                                                                 100 * args.backward_share)
     alpha, beta, alpha_i, beta_i, gamma = network_values(args)
+    cores, cpu_per_byte, measured = host_values(args)
     step = terms.Step(
         layers, fwd, args.batch_per_gpu, args.overlap, int(args.fusion_mb * (1 << 20)),
         int(args.first_bucket_mb * (1 << 20)),
         spread if args.spread is None else args.spread,
         opt_s if args.optimizer_ms is None else args.optimizer_ms / 1e3, args.data_ms / 1e3,
         args.bucket_latency_us / 1e6, args.wire_bytes,
-        parse_beta(args.compress_gamma, "--compress-gamma"), name)
+        parse_beta(args.compress_gamma, "--compress-gamma"), name,
+        threads if args.threads is None else args.threads)
+    if args.compute_from_measured:
+        step, source = scaled_to_measured(step, args, source)
     fab = terms.Fabric(alpha, beta, alpha if alpha_i is None else alpha_i,
                        beta if beta_i is None else beta_i, args.gpus_per_node,
-                       args.nics_per_node, gamma, args.algorithm)
+                       args.nics_per_node, gamma, args.algorithm, cores, cpu_per_byte,
+                       measured)
     return step, fab, source
+
+
+def host_values(args):
+    """(cores per rank, CPU seconds per byte, {ranks: [(bytes, seconds)]} of
+    the ring all-reduce) from the flags, else --calibration (what `hpcdl bench
+    calibrate --allreduce` measured), else (None, 0, None)."""
+    from ..sim.units import parse_beta
+    cal = {}
+    if args.calibration:
+        from ..sim.calibrate import load_calibration
+        cal = load_calibration(args.calibration)
+    cores = args.cores_per_rank if args.cores_per_rank is not None else cal.get("cores_per_rank")
+    cpb = (parse_beta(args.cpu_per_byte, "--cpu-per-byte") if args.cpu_per_byte is not None
+           else cal.get("cpu_per_byte", 0.0))
+    measured = None
+    if "allreduce" in cal:
+        table = [(r["bytes"], r["time_us"] / 1e6) for r in cal["allreduce"]["rows"]
+                 if r["bytes"] > 0 and r["time_us"] > 0]
+        measured = {cal["allreduce"]["ranks"]: table} if table else None
+    return cores, cpb, measured
+
+
+def scaled_to_measured(step, args, source):
+    """step with forward, backward and optimizer scaled by one factor so that
+    they add up to the --measured run's no-comm step."""
+    from ..sim import compare, terms
+    if not args.measured:
+        raise ValueError("--compute-from-measured needs --measured BENCH.json")
+    nocomm = compare.measured_step(args.measured, impl="no-comm")[0]
+    f = nocomm / (step.compute_s + step.optimizer_s)
+    layers = [terms.Layer(x.nbytes, x.backward_s * f, x.name) for x in step.layers]
+    step = terms.with_terms(step, layers=layers, forward_s=step.forward_s * f,
+                            optimizer_s=step.optimizer_s * f)
+    return step, "%s, scaled x%.3g to the measured no-comm step %.1f ms" % (source, f,
+                                                                          1e3 * nocomm)
 
 
 def run_step(args):

@@ -14,13 +14,20 @@ machine or allocation it runs on, so the cost model speaks about this network.
 3. With --allreduce: hpcdl's ring all-reduce (algorithm="ring") on all ranks
    at the same sizes, against the model's prediction from 1 and 2, and its
    own fit of 2(N-1) alpha + 2((N-1)/N) m beta. Results are checked with
-   rank- and position-dependent data (#wrong must be 0).
+   rank- and position-dependent data (#wrong must be 0). Then the host CPU
+   it costs: each rank's CPU time (getrusage, user + sys, all threads) over
+   a few all-reduces of the largest size, per byte all-reduced
+   (cpu_per_byte, what `hpcdl sim step`'s cpu term charges to backward), and
+   cores_per_rank: a machine's cores over the ranks on it (machines told
+   apart by the kernel's boot id, so `hpcdl vcluster` hosts count as one).
 
 Ranks outside the measured pair wait in a barrier meanwhile.
 """
 import json
 import os
+import resource
 import socket
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -302,6 +309,59 @@ def measure_allreduce(world, doc, sizes_, opts, say=lambda line: None, share=Non
     return {"ranks": n, "alpha": f.coef[0], "beta": f.coef[1], "r2": f.r2, "rows": rows}
 
 
+CPU_REPS = 3   # all-reduces of the largest size timed for their CPU cost
+
+
+def _cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)   # every thread of this rank
+    return r.ru_utime + r.ru_stime
+
+
+def boot_id():
+    """The running kernel's id: ranks that share it share the machine's cores."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def cores_per_rank(machines):
+    """The fewest cores a rank has: a machine's cores / its ranks, from
+    [(boot id, cores)] per rank."""
+    per = {}
+    for machine, cores in machines:
+        per.setdefault(machine, [0, cores])[0] += 1
+    return min(cores / n for n, cores in per.values())
+
+
+def measure_cpu(world, nbytes, say=lambda line: None):
+    """Collective: host CPU seconds per byte of hpcdl's ring all-reduce, per
+    rank (its CPU time over CPU_REPS all-reduces of nbytes / (CPU_REPS x
+    nbytes)), with the wall time beside it; the same dict on every rank."""
+    count = nbytes // 4
+    work = np.empty(count, np.float32)
+    ar.fill_send(work, world.rank)
+    run = ar.bind("ring", world, work)
+    run()                                   # warm: buffers, connections
+    world.barrier()
+    c0, t0 = _cpu_seconds(), time.perf_counter()
+    for _ in range(CPU_REPS):
+        run()
+    cpu, wall = _cpu_seconds() - c0, time.perf_counter() - t0
+    every = world.allgather_object(cpu / (CPU_REPS * 4 * count))
+    doc = {"bytes": 4 * count, "reps": CPU_REPS, "per_rank": every,
+           "cpu_per_byte": float(np.mean(every)), "wall_per_byte": wall / (CPU_REPS * 4 * count),
+           "cores_per_rank": cores_per_rank(world.allgather_object(
+               (boot_id(), os.cpu_count() or 1)))}
+    say("#\n# host CPU of the ring all-reduce (%s, %d times): %.3g ns of CPU per byte per "
+        "rank (ranks: %s), %.3g ns of wall time per byte; %.3g core(s) per rank"
+        % (ar.format_size(doc["bytes"]), CPU_REPS, 1e9 * doc["cpu_per_byte"],
+           " ".join("%.3g" % (1e9 * c) for c in every), 1e9 * doc["wall_per_byte"],
+           doc["cores_per_rank"]))
+    return doc
+
+
 def measure(world, opts, say=lambda line: None, job=None):
     """Collective: the whole calibration as one document, the same on every
     rank. say(line) is called on rank 0 with each printed line; job is
@@ -322,6 +382,10 @@ def measure(world, opts, say=lambda line: None, job=None):
     doc["gamma"] = doc["reduce"]["gamma"]
     if opts.allreduce:
         doc["allreduce"] = measure_allreduce(world, doc, szs, opts, say)
+        if whole_floats(szs):
+            doc["cpu"] = measure_cpu(world, whole_floats(szs)[-1], say)
+            doc.update(cpu_per_byte=doc["cpu"]["cpu_per_byte"],
+                       cores_per_rank=doc["cpu"]["cores_per_rank"])
     return doc
 
 

@@ -1,19 +1,20 @@
 """compare.py - the step model's prediction against a measured step of
-`hpcdl bench train --json` (its hpcdl row), term by term. Issue #20's check
-on the vcluster with shaped links: MLP on 2 hosts at 1 Gbit/s measured 1.28x
-the prediction (compute from the same run; docs/sim.md); ResNet-18, 3 hosts
-and other bucket sizes not measured yet.
+`hpcdl bench train --json` (its hpcdl row), term by term, and the run's
+no-comm row (its compute alone) for `hpcdl sim step --compute-from-measured`.
+Issue #20's check across vcluster hosts: benchmarks/sim_check.sh, the table
+in docs/sim.md.
 """
 import json
 
 
-def measured_step(path):
-    """(seconds per step of hpcdl's DistributedOptimizer, ranks, model) from
-    the JSON `hpcdl bench train --json FILE` wrote; ValueError naming the file."""
+def measured_step(path, impl="hpcdl"):
+    """(seconds per step of impl: hpcdl's DistributedOptimizer, or no-comm, the
+    compute alone; ranks, model) from the JSON `hpcdl bench train --json FILE`
+    wrote; ValueError naming the file."""
     try:
         with open(path) as f:
             doc = json.load(f)
-        row = next(r for r in doc["rows"] if r["impl"] == "hpcdl")
+        row = next(r for r in doc["rows"] if r["impl"] == impl)
         step = doc["batch_per_rank"] * doc["ranks"] / row["samples_per_s"]
         return step, doc["ranks"], doc["model"]
     except (OSError, ValueError, KeyError, TypeError, StopIteration, ZeroDivisionError) as e:

@@ -114,7 +114,8 @@ def run(name, batch=32, steps=10, warmup=2, input_shape=None, classes=10):
     from ..utils.launch import inside_parallel_job
     model, shape, classes = build(name, input_shape, classes)
     doc = measure(model, shape, classes, batch, steps, warmup)
-    doc["model"] = name
+    import torch
+    doc["model"], doc["threads"] = name, torch.get_num_threads()  # the cpu terms read it
     times, ranks = doc["step_times"], 1
     if inside_parallel_job():
         from .. import comm

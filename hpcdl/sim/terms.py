@@ -25,16 +25,37 @@ step time it adds; a negative number is time it hides):
                times 1 + cv e_N (and so does each bucket's ready time).
   overheads    fixed costs per step (optimizer step, data loading not hidden)
                and a latency per bucket (launch, negotiation).
+  timeshare    ranks with more compute threads than cores (threads T per
+               rank, cores per rank K = a host's cores / the ranks on it):
+               compute takes max(1, T / K) times its profiled time.
+  cpu          communication needs a core too: cpu_per_byte seconds of host
+               CPU per gradient byte all-reduced (TCP in the kernel, copies,
+               the reduction; measured by `hpcdl bench calibrate`). While a
+               bucket of b bytes holds the link for d seconds during
+               backward, it uses u = c b / d cores; what exceeds the spare
+               cores (K - T) is taken from backward's min(T, K), which
+               progresses at 1 - (u - spare) / min(T, K) meanwhile (cpu.py).
+  allreduce    each bucket priced by the ring all-reduce `hpcdl bench
+               calibrate --allreduce` measured on the same hosts and rank
+               count (fastest time, interpolated log-log between its sizes,
+               proportional beyond the largest) instead of the alpha-beta
+               formula: the ring as it runs (its chunking, both directions
+               at once, TCP), which ping-pong's alpha and beta do not see.
+
+timeshare and cpu need a host's cores (fab.cores), allreduce a measured
+table for the GPU count (fab.measured); without them they add nothing and
+are left out of the breakdown.
 
 Efficiency = step on base_gpus / step on N (the same per-GPU batch), so fixed
 costs present on one GPU do not count as a loss of scaling.
 """
 from dataclasses import dataclass, field, replace
 
-from . import cost
+from . import cost, cpu
 from .stragglers import slowdown
 
-TERMS = ("buckets", "shared", "compression", "stragglers", "overheads")
+TERMS = ("buckets", "shared", "compression", "stragglers", "overheads", "timeshare", "cpu",
+         "allreduce")
 FIRST_BUCKET_BYTES = 1 << 20     # as hpcdl.torch.optimizer
 FUSION_BYTES = 25 << 20          # HPCDL_FUSION_THRESHOLD's default
 
@@ -63,6 +84,7 @@ class Step:
     wire_bytes: int = 4          # bytes per parameter on the wire (compression)
     compress_gamma: float = 0.0  # encode + decode seconds per (4-byte) gradient byte
     name: str = "model"
+    threads: float = None        # compute threads per rank (timeshare, cpu); None: 1
 
     @property
     def backward_s(self):
@@ -88,6 +110,9 @@ class Fabric:
     nics_per_node: int = None    # None: one per GPU
     gamma: float = 0.0
     algorithm: str = "hier"      # "hier" or "ring" (flat)
+    cores: float = None          # cores per rank (a host's / its ranks); None: unknown
+    cpu_per_byte: float = 0.0    # host CPU seconds per gradient byte all-reduced, per rank
+    measured: dict = None        # {ranks: [(bytes, seconds)]} of the ring all-reduce
 
 
 @dataclass
@@ -154,7 +179,10 @@ def _bucket_cost(n, nbytes, step, fab, on):
     if n == 1:
         return 0.0
     wire = step.wire_bytes / 4 if "compression" in on else 1.0
-    t = allreduce_s(n, nbytes * wire, fab, "shared" in on)
+    if "allreduce" in on and n in (fab.measured or {}):
+        t = cpu.interpolate(fab.measured[n], nbytes * wire)
+    else:
+        t = allreduce_s(n, nbytes * wire, fab, "shared" in on)
     if "compression" in on:
         t += nbytes * step.compress_gamma
     if "overheads" in on:
@@ -166,18 +194,27 @@ def step_time(n, step, fab, on=()):
     """(step seconds, exposed comm, total comm, buckets) on n GPUs with the
     terms in `on`; on = () is the course formula of scaling.py exactly."""
     stretch = slowdown(n, step.cv) if "stragglers" in on else 1.0
+    if "timeshare" in on:
+        stretch *= cpu.timeshare(step.threads, fab.cores)
     fwd, bwd = step.forward_s * stretch, step.backward_s * stretch
+    share = cpu.Share(step.threads, fab.cores, fab.cpu_per_byte, "cpu" in on)
     if "buckets" in on:
         ready = _ready_times(step.layers, stretch)
         plan = plan_buckets(step.layers, step.fusion_bytes, step.first_bucket_bytes)
         free = comm = 0.0
+        busy = []                   # (start, end, backward's rate) of each bucket
         for nbytes, last in plan:   # one all-reduce at a time, in bucket order
             d = _bucket_cost(n, nbytes, step, fab, on)
-            free, comm = max(ready[last], free) + d, comm + d
+            start = max(cpu.time_at(ready[last], busy), free)
+            free, comm = start + d, comm + d
+            busy.append((start, free, share.rate(nbytes, d)))
+        bwd = cpu.time_at(bwd, busy)   # backward slowed where buckets took its cores
         exposed, buckets = max(0.0, free - bwd), len(plan)
     else:                           # one message after backward
         comm = _bucket_cost(n, step.nbytes, step, fab, on)
-        exposed, buckets = max(0.0, comm - step.overlap * (fwd + bwd)), 1
+        hidden = min(comm, step.overlap * (fwd + bwd))
+        exposed, buckets = comm - hidden, 1
+        bwd += hidden * (1.0 - share.rate(step.nbytes, comm))
     fixed = step.optimizer_s + step.data_s if "overheads" in on else 0.0
     return fwd + bwd + exposed + fixed, exposed, comm, buckets
 
@@ -192,7 +229,7 @@ def breakdown(n, step, fab, enabled=TERMS, base_gpus=1):
     terms = {"compute": step.compute_s, "comm": prev - step.compute_s}
     points = {"comm": 100 * (1.0 - prev_eff)}
     for t in TERMS:
-        if t in enabled:
+        if t in enabled and cpu.has_inputs(t, fab, n):
             on.append(t)
             s = step_time(n, step, fab, on)[0]
             eff = step_time(base_gpus, step, fab, on)[0] / s
@@ -219,13 +256,16 @@ def validate(gpus, step, fab, base_gpus=1):
                 ("--batch-per-gpu", step.batch_per_gpu), ("--wire-bytes", step.wire_bytes),
                 ("--gpus-per-node", fab.per_node)]
     positive += [("--nics-per-node", fab.nics_per_node)] if fab.nics_per_node is not None else []
+    positive += [("--cores-per-rank", fab.cores)] if fab.cores is not None else []
+    positive += [("--threads", step.threads)] if step.threads is not None else []
     for name, v in positive:
         if not v > 0:
             raise ValueError("%s must be > 0 (got %r)" % (name, v))
     others = [("--spread", step.cv), ("--optimizer-ms", step.optimizer_s),
               ("--data-ms", step.data_s), ("--bucket-latency", step.bucket_latency_s),
               ("--compress-gamma", step.compress_gamma), ("--fusion-mb", step.fusion_bytes),
-              ("--first-bucket-mb", step.first_bucket_bytes)]
+              ("--first-bucket-mb", step.first_bucket_bytes),
+              ("--cpu-per-byte", fab.cpu_per_byte)]
     for name, v in others:
         if v < 0:
             raise ValueError("%s must be >= 0 (got %r)" % (name, v))

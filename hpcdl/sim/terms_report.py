@@ -21,13 +21,21 @@ def header(step, fab, enabled, source):
         % ("one bucket per layer" if step.fusion_bytes == 0 else "fusion %.3g MiB (first "
            "%.3g MiB)" % (step.fusion_bytes / (1 << 20), step.first_bucket_bytes / (1 << 20)),
            step.wire_bytes),
+        "#  host: %s, %s compute thread(s) per rank, %.3g ns of CPU per gradient byte "
+        "all-reduced" % ("cores unknown (timeshare, cpu left out)" if fab.cores is None else
+                         "%.3g core(s) per rank" % fab.cores,
+                         "%g" % (step.threads or 1), 1e9 * fab.cpu_per_byte),
         "#  terms on, in this order: %s; each column = step time it adds (ms), negative = "
-        "hidden" % (", ".join(t for t in T.TERMS if t in enabled) or "none (course formula)"),
+        "hidden" % (", ".join(t for t in T.TERMS if t in enabled and
+                              (fab.cores is not None or t not in ("timeshare", "cpu")) and
+                              (fab.measured or t != "allreduce"))
+                    or "none (course formula)"),
     ]
 
 
 def table(rows, enabled):
-    cols = ["comm"] + [t for t in T.TERMS if t in enabled]
+    # timeshare and cpu are left out of a breakdown without a host's cores
+    cols = ["comm"] + [t for t in T.TERMS if t in enabled and all(t in b.terms for b in rows)]
     out = ["#%7s %10s %9s %8s" % ("gpus", "step(ms)", "effic.", "buckets")
            + "".join(" %11s" % c for c in cols)]
     for b in rows:
