@@ -26,7 +26,7 @@ import pytest
 from mpi_harness import run_python
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "mpi_scripts", "zero3_checkpoint.py")
-CASES = ["adam:1", "sgd:2:units", "adamw:1:noprefetch"]
+CASES = ["adam:1", "sgd:2:units", "adamw:1:noprefetch", "lars:1"]
 
 
 @pytest.mark.mpi

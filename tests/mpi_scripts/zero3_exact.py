@@ -2,7 +2,7 @@
 process on the whole global batch, and holds about 1/N of the parameters.
 
 argv: TOL CASE... with CASE = OPTIMIZER:PASSES[:units][:noprefetch] (optimizer
-sgd|adam|adamw; units: the Sequential and the rest as two units instead of one
+sgd|adam|adamw|lars; units: the Sequential and the rest as two units instead of one
 per layer; noprefetch), all cases in one launch. The model has
 uneven sizes on purpose (13x7 and 7x3 layers, a 3-element bias, a 0-d
 scalar: units smaller than the rank count, blocks that cut layers), a layer
@@ -13,6 +13,7 @@ samples. Checked: parameters (gathered) against the copy; parameter bytes of
 this rank's shard, the most gathered bytes alive at once; optimizer-state
 bytes (about 1/N of the copy's). Prints 'ZERO3 OK ...' per rank, exits
 non-zero on any failure."""
+import contextlib
 import copy
 import sys
 
@@ -21,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hpcdl.torch as hvd
+from hpcdl import optim as hoptim
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -50,6 +52,9 @@ def make_opt(model, OPT):
         opt = torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True)
     elif OPT == "adam":
         opt = torch.optim.Adam(groups, lr=1e-2)
+    elif OPT == "lars":  # whole-layer norms: shards.layer_norms(opt) around the step
+        groups[1]["lars_adaptation"] = False
+        opt = hoptim.LARS(groups, lr=0.5, momentum=0.9, trust_coefficient=0.02)
     else:
         opt = torch.optim.AdamW(groups, lr=1e-2)
     return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
@@ -59,7 +64,9 @@ def train_step(model, opt, sched, x, y, passes):
     opt.zero_grad()
     for xs, ys in zip(x.chunk(passes), y.chunk(passes)):
         (F.cross_entropy(model(xs), ys) / passes).backward()
-    opt.step()
+    shards = getattr(model, "_hpcdl_shards", None)
+    with shards.layer_norms(opt) if shards is not None else contextlib.nullcontext():
+        opt.step()
     sched.step()
 
 

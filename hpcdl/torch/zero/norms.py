@@ -42,6 +42,19 @@ def layer_norms(sharding, on):
             for t, (p, _) in pieces}
 
 
+def piece_norms(pieces, on):
+    """Stage 3: {piece: (||w||, ||g||) of its whole parameter}, where every
+    rank holds one piece (maybe empty) of every parameter, in the same order;
+    one all-reduce."""
+    sums = torch.zeros(len(pieces), 2, dtype=torch.float64)
+    for i, t in enumerate(pieces):
+        sums[i, 0] = _sq(t)
+        sums[i, 1] = _sq(t.grad) if t.grad is not None else 0.0
+    on.allreduce(sums, op="sum")
+    roots = sums.sqrt()
+    return {t: (roots[i, 0].to(t.dtype), roots[i, 1].to(t.dtype)) for i, t in enumerate(pieces)}
+
+
 def clip_pieces_(grads, max_norm, norm_type, on):
     """torch.nn.utils.clip_grad_norm_ over the union of every rank's grads
     (disjoint pieces): scales them in place, returns the total norm (a tensor)."""

@@ -43,12 +43,16 @@ gradients whose reduce-scatter is in flight.
 
 Not supported (refused or documented): parameters shared by two units (tied
 weights across units: put both modules in one unit), GPU parameters (the
-core's reduce-scatter and all-gather take host buffers), sparse gradients,
-optimizers that need whole-layer norms (LARS, LARC).
+core's reduce-scatter and all-gather take host buffers), sparse gradients.
+LARS and LARC need whole-layer norms: step them inside
+`with shards.layer_norms(opt):`.
 """
+import contextlib
+
 import torch
 import torch.nn as nn
 
+from . import norms
 from .layout import block_counts, pieces_of
 
 
@@ -312,6 +316,27 @@ class ShardedModel:
     def parameters(self):
         """This rank's pieces, in model.parameters() order."""
         return list(self.model.parameters())
+
+    @contextlib.contextmanager
+    def layer_norms(self, optimizer):
+        """LARS and LARC (hpcdl.optim) over the pieces need the norms of whole
+        layers: inside this block the ones in optimizer's wrapper chain get
+        them (one all-reduce of every parameter's two sums of squares;
+        collective when the chain has one, a no-op otherwise):
+
+            with shards.layer_norms(opt):
+                opt.step()
+        """
+        users = norms.layer_norm_users(optimizer)
+        if users:
+            table = norms.piece_norms([p for _, p, _, _ in self.named_pieces()], self.comm)
+            for o in users:
+                o.layer_norms = table.get
+        try:
+            yield
+        finally:
+            for o in users:
+                o.layer_norms = None
 
     def named_pieces(self):
         """(qualified name, piece, unit, index in unit) for every parameter."""
