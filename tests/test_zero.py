@@ -142,11 +142,12 @@ def test_train_config_rejects_bad_zero(zero, mode, words):
 
 
 # ------------------------------------------------------------ hpcdl bench train --zero
-@pytest.mark.parametrize("stages", ["0,4", "x", ",", "-1"])
+@pytest.mark.parametrize("stages", ["0,4", "x", ",", "-1", "1 --fusion-mb 4"])
 def test_bench_zero_refuses_bad_stages(stages):
     # parsed before any launch: one line, exit 2, no rank started
+    first, *rest = stages.split()
     r = subprocess.run([sys.executable, "-m", "hpcdl", "bench", "train", "-n", "2",
-                        "--zero", stages], capture_output=True, text=True, timeout=60)
+                        "--zero", first, *rest], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--zero" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 

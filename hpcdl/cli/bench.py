@@ -158,6 +158,9 @@ def run_train(args):
     if args.n is not None and args.n < 1:
         raise UsageError("-n must be at least 1 (got %d)" % args.n)
     stages = _zero_stages(args.zero) if args.zero is not None else None
+    if stages is not None and args.fusion_mb is not None:
+        raise UsageError("--fusion-mb is not taken with --zero (its runs use the default "
+                         "fusion buckets); drop one of them")
     from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         argv = [sys.executable, "-m", "hpcdl", "bench", "train", "--model", args.model,
