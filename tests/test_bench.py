@@ -106,7 +106,8 @@ def test_bench_train_runs_and_checks_parameters(tmp_path):
                  "repeat 2/2"):
         assert word in r.stdout, r.stdout
     data = json.loads(out.read_text())
-    assert data["params"] > 10_000_000 and data["max_param_diff"] < 1e-4
+    assert data["params"] > 10_000_000
+    assert data["first_step_param_diff"] < 1e-4 and data["max_param_diff"] < 1e-4
     assert len(data["repeats"]) == 2 and len(data["ratios"]) == 2
     row = data["rows"][0]
     assert row["impl"] == "hpcdl" and row["min"] <= row["samples_per_s"] <= row["max"]

@@ -11,8 +11,13 @@ the part that ran before the slowest rank's backward returned). The three
 take turns step by step (order rotating), each step timed alone from a
 barrier, so drifting machine speed hits all alike; --repeats R does this R
 times with fresh models and reports medians and ranges. Both runs start
-from the same parameters and see the same batches, so they must end with the
-same parameters; the difference is checked and reported (#wrong = 0 or not).
+from the same parameters and see the same batches. After the first step they
+must agree to rounding (checked: the run fails beyond 1e-4); after the last
+step the difference is reported. With 3 or more ranks the two sum gradients in
+different orders, and a model that amplifies rounding (BatchNorm over a few
+values: ResNet at small batch and 32x32 input) can drift far apart in a few
+steps without anything being wrong, so there only the first step is checked
+(with 2 ranks both sums are exact, and the last step is checked too).
 """
 import json
 import os
@@ -108,7 +113,7 @@ def make_local(opts):
                                                                   lr=opts.lr)))
 
 
-def interleaved(opts, impls, data, mpi):
+def interleaved(opts, impls, data, mpi, after_first=None):
     """Every step of the data runs under each implementation in turn (the
     order rotating step by step), each step timed alone from a barrier, so a
     machine that speeds up or slows down during the run affects all of them
@@ -122,6 +127,8 @@ def interleaved(opts, impls, data, mpi):
             impl.step(x, y)
             if k >= opts.warmup:
                 times[impl.name].append(time.perf_counter() - t0)
+        if k == 0 and after_first:
+            after_first()
     for name in times:  # a step takes as long as its slowest rank
         mine = np.array(times[name])
         slowest = np.empty_like(mine)
@@ -186,13 +193,19 @@ IMPLS = ("hpcdl", "ddp-gloo", "no-comm")
 
 def one_pass(opts, data, gloo_ok, mpi):
     """Fresh models, warm-up steps, then opts.steps interleaved timed steps;
-    ({impl: row}, max parameter difference between hpcdl and DDP)."""
+    ({impl: row}, (max parameter difference between hpcdl and DDP after the
+    first step, after the last)), differences None without DDP."""
     from ..trace import timeline
     windows = []
     impls = [make_hpcdl(opts, windows)] + ([make_ddp(opts)] if gloo_ok else [])
     impls.append(make_local(opts))
     tl = timeline.start_timeline(os.devnull)  # records hpcdl's buckets; written nowhere
-    times = interleaved(opts, impls, data, mpi)
+    first = []
+
+    def diff():
+        return mpi.allreduce(max_param_diff(impls[0].model, impls[1].model), op=MPI.MAX)
+    times = interleaved(opts, impls, data, mpi,
+                        after_first=(lambda: first.append(diff())) if gloo_ok else None)
     timeline._active = None
     hidden = hidden_fractions(tl, windows[opts.warmup:], mpi)
     out = {}
@@ -201,10 +214,7 @@ def one_pass(opts, data, gloo_ok, mpi):
         out[impl.name] = dict(seconds=t, samples_per_s=opts.steps * opts.batch * mpi.size / t,
                               hidden=hidden[0] if impl.name == "hpcdl" else None,
                               hidden_job=hidden[1] if impl.name == "hpcdl" else None)
-    diff = None
-    if gloo_ok:
-        diff = mpi.allreduce(max_param_diff(impls[0].model, impls[1].model), op=MPI.MAX)
-    return out, diff
+    return out, ((first[0], diff()) if gloo_ok else (None, None))
 
 
 def summarize(reps):
@@ -292,16 +302,18 @@ def run(opts):
         say("# hpcdl / DDP samples/s: %.2fx median of %d repeat(s) (range %.2f..%.2fx; "
             "no-comm is the compute-only floor: every rank training alone)"
             % (ratio, len(ratios), min(ratios), max(ratios)))
-    diff = max(diffs) if err is None else None
-    wrong = diff is not None and diff > 1e-4
-    if diff is not None:
-        say("# parameters after both runs differ by at most %.2g: %s"
-            % (diff, "FAILED" if wrong else "OK"))
+    first = max(d[0] for d in diffs) if err is None else None
+    diff = max(d[1] for d in diffs) if err is None else None
+    # two ranks sum a + b in either order alike: there the last step must agree too
+    wrong = first is not None and (first > 1e-4 or (world.size == 2 and diff > 1e-4))
+    if first is not None:
+        say("# parameters of hpcdl and DDP differ by at most %.2g after the first step: %s; "
+            "after the last: %.2g" % (first, "FAILED" if wrong else "OK", diff))
     if opts.json and world.rank == 0:
         with open(opts.json, "w") as f:
             json.dump({"ranks": world.size, "model": opts.model, "params": nparams,
                        "batch_per_rank": opts.batch, "threads": threads, "rows": rows,
                        "fusion_bytes": fusion_threshold(),
                        "repeats": reps, "ratio": ratio, "ratios": ratios,
-                       "max_param_diff": diff}, f, indent=1)
+                       "first_step_param_diff": first, "max_param_diff": diff}, f, indent=1)
     return 1 if wrong else 0
