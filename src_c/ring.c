@@ -141,6 +141,9 @@ static int reduce_scatter_phase(hpcdl_team *t, MPI_Comm comm, const char *send,
         if (off[i + 1] - off[i] > maxblk) maxblk = off[i + 1] - off[i];
     hpcdl_step a = {t, comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_RS, dtype, op,
                     chunk_for(t, dtype), {NULL, NULL}, NULL, NULL};
+    // a chunk larger than the largest block only costs scratch (4 MiB chunks
+    // across hosts); maxblk is the same on every rank, so the chunks still match
+    if (maxblk && a.chunk > maxblk * esz) a.chunk = maxblk * esz;
     // partial sums need block-sized homes when the caller has no full buffer
     char *part = NULL, *tmp = malloc(2 * a.chunk);
     if (!recv_full) part = malloc(2 * maxblk * esz + 1);

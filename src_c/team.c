@@ -15,33 +15,48 @@
 // ----------------------------------------------------------------------------
 // creating and freeing
 
-// Collective over comm. 1 when this host runs more of comm's ranks than it has
-// online cores, or HPCDL_WAIT=yield; HPCDL_WAIT=spin forces 0. Host = shared
-// memory, whatever virtual nodes HPCDL_LOCAL_SIZE makes.
-static int host_crowded(MPI_Comm comm, int *crowded) {
+// Collective over comm. *crowded: 1 when this host runs more of comm's ranks
+// than it has online cores, or HPCDL_WAIT=yield; HPCDL_WAIT=spin forces 0.
+// *spans: 1 when comm's ranks are on more than one host. Host = shared memory,
+// whatever virtual nodes HPCDL_LOCAL_SIZE makes.
+static int host_facts(MPI_Comm comm, int *crowded, int *spans) {
     const char *w = getenv("HPCDL_WAIT");
     MPI_Comm host;
-    int n;
+    int n, size;
     MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host));
     MPI_CHECK(MPI_Comm_size(host, &n));
     MPI_CHECK(MPI_Comm_free(&host));
+    MPI_CHECK(MPI_Comm_size(comm, &size));
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     *crowded = cores > 0 && n > cores;
     if (w && !strcmp(w, "yield")) *crowded = 1;
     if (w && !strcmp(w, "spin")) *crowded = 0;
+    int any_short = n < size; // some host holds fewer than all ranks
+    MPI_CHECK(MPI_Allreduce(&any_short, spans, 1, MPI_INT, MPI_MAX, comm));
     return HPCDL_OK;
+}
+
+// The ring's default chunk. On one host 256 KiB: small enough that the
+// reduction of one chunk hides behind the copy of the next. Across hosts
+// 4 MiB: a step keeps two chunks in flight, and with 256 KiB that is 4 ms of
+// a 1 Gbit/s link; a rank that waits longer for a core (hosts sharing cores,
+// a busy node) lets the link drain. 8 MiB in flight covers ~67 ms at 1 Gbit/s
+// (benchmarks/vcluster.md: 3 hosts x 1, 16 MiB, ring 1.56x -> 1.29x the floor).
+static size_t default_chunk(int spans) {
+    return spans ? (size_t)4 << 20 : (size_t)256 << 10;
 }
 
 // Collective over comm. local_size > 0 makes virtual nodes of that many ranks.
 // Preconditions across ranks: the same local_size (it must divide the size).
 int hpcdl_team_create(hpcdl_team *t, MPI_Comm comm, int local_size) {
     memset(t, 0, sizeof *t);
-    t->chunk_bytes = (size_t)256 << 10;
     MPI_CHECK(MPI_Comm_dup(comm, &t->world));
     MPI_CHECK(MPI_Comm_set_errhandler(t->world, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(t->world, &t->rank));
     MPI_CHECK(MPI_Comm_size(t->world, &t->size));
-    HPCDL_TRY(host_crowded(t->world, &t->crowded));
+    int spans;
+    HPCDL_TRY(host_facts(t->world, &t->crowded, &spans));
+    t->chunk_bytes = default_chunk(spans);
     if (local_size > 0) {
         if (t->size % local_size != 0)
             return hpcdl_fail(HPCDL_ERR_ARG,
