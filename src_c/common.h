@@ -50,6 +50,7 @@ typedef struct {
     size_t chunk_bytes; // ring pipelining chunk
     int polite;         // 1: waits test-and-sleep instead of spinning (engine thread)
     int crowded;        // 1: more ranks on this host than cores (waits yield the core)
+    int full;           // 1: this host's ranks fill its cores (ranks >= cores)
     const int *urgent;  // polite teams: > 0 while a caller thread blocks in hpcdl_wait
     double t_agreed;    // MPI_Wtime when the last collective's agreement check ended
     void *scratch;      // shared.c's piece buffer, allocated on first use

@@ -29,6 +29,23 @@ static size_t auto_ring_above(void) {
     return v;
 }
 
+// Where auto switches from hier to the ring on one node. 2 MiB, but 32 MiB
+// under an MPICH-family MPI when the ranks fill the host's cores: there the
+// ring is bimodal from run to run (benchmarks/allreduce-mpich.md, 2 ranks on 2
+// cores: 4 MiB 537 or 1233 us, 16 MiB 3508 or 6459 us) while hier is steady
+// and faster than MPICH's MPI_Allreduce; from 32 MiB the ring beats MPICH's
+// even in its slow mode. Under Open MPI the ring wins from 4 MiB (hier would
+// fall to 0.75x MPI_Allreduce at 16 MiB). The same answer on every rank of a
+// node: same MPI, same host.
+static size_t one_node_ring_above(const hpcdl_team *t) {
+#ifdef MPICH_VERSION
+    if (t->full && !getenv("HPCDL_AUTO_RING_ABOVE")) return (size_t)32 << 20;
+#else
+    (void)t;
+#endif
+    return auto_ring_above();
+}
+
 // Measured on one node (BENCHMARKS.md): the shared-memory path wins from the
 // smallest messages up to a few MiB (no MPI matching, one spin barrier);
 // above that MPI's single-copy point-to-point makes the ring move fewer bytes.
@@ -36,7 +53,7 @@ static size_t auto_ring_above(void) {
 static hpcdl_algo choose(const hpcdl_team *t, size_t bytes) {
     int shm = t->local_size > 1 && t->uniform;
     if (t->cross_size == 1 && shm) // one node
-        return bytes < auto_ring_above() ? HPCDL_ALGO_HIER : HPCDL_ALGO_RING;
+        return bytes < one_node_ring_above(t) ? HPCDL_ALGO_HIER : HPCDL_ALGO_RING;
     if (bytes < auto_mpi_below()) return HPCDL_ALGO_MPI;
     return shm ? HPCDL_ALGO_HIER : HPCDL_ALGO_RING;
 }

@@ -15,11 +15,12 @@
 // ----------------------------------------------------------------------------
 // creating and freeing
 
-// Collective over comm. *crowded: 1 when this host runs more of comm's ranks
-// than it has online cores, or HPCDL_WAIT=yield; HPCDL_WAIT=spin forces 0.
-// *spans: 1 when comm's ranks are on more than one host. Host = shared memory,
-// whatever virtual nodes HPCDL_LOCAL_SIZE makes.
-static int host_facts(MPI_Comm comm, int *crowded, int *spans) {
+// Collective over comm. t->crowded: 1 when this host runs more of comm's
+// ranks than it has online cores, or HPCDL_WAIT=yield; HPCDL_WAIT=spin forces
+// 0. t->full: its ranks fill the cores (>=). *spans: 1 when comm's ranks are
+// on more than one host. Host = shared memory, whatever virtual nodes
+// HPCDL_LOCAL_SIZE makes.
+static int host_facts(MPI_Comm comm, hpcdl_team *t, int *spans) {
     const char *w = getenv("HPCDL_WAIT");
     MPI_Comm host;
     int n, size;
@@ -28,9 +29,10 @@ static int host_facts(MPI_Comm comm, int *crowded, int *spans) {
     MPI_CHECK(MPI_Comm_free(&host));
     MPI_CHECK(MPI_Comm_size(comm, &size));
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    *crowded = cores > 0 && n > cores;
-    if (w && !strcmp(w, "yield")) *crowded = 1;
-    if (w && !strcmp(w, "spin")) *crowded = 0;
+    t->full = cores > 0 && n >= cores;
+    t->crowded = cores > 0 && n > cores;
+    if (w && !strcmp(w, "yield")) t->crowded = 1;
+    if (w && !strcmp(w, "spin")) t->crowded = 0;
     int any_short = n < size; // some host holds fewer than all ranks
     MPI_CHECK(MPI_Allreduce(&any_short, spans, 1, MPI_INT, MPI_MAX, comm));
     return HPCDL_OK;
@@ -55,7 +57,7 @@ int hpcdl_team_create(hpcdl_team *t, MPI_Comm comm, int local_size) {
     MPI_CHECK(MPI_Comm_rank(t->world, &t->rank));
     MPI_CHECK(MPI_Comm_size(t->world, &t->size));
     int spans;
-    HPCDL_TRY(host_facts(t->world, &t->crowded, &spans));
+    HPCDL_TRY(host_facts(t->world, t, &spans));
     t->chunk_bytes = default_chunk(spans);
     if (local_size > 0) {
         if (t->size % local_size != 0)
