@@ -51,19 +51,22 @@ typedef struct {
     int polite;         // 1: waits test-and-sleep instead of spinning (engine thread)
     int crowded;        // 1: more ranks on this host than cores (waits yield the core)
     int full;           // 1: this host's ranks fill its cores (ranks >= cores)
+    int spin;           // 1: HPCDL_WAIT=spin: waits are MPI_Wait (never yield)
     const int *urgent;  // polite teams: > 0 while a caller thread blocks in hpcdl_wait
     double t_agreed;    // MPI_Wtime when the last collective's agreement check ended
     void *scratch;      // shared.c's piece buffer, allocated on first use
 } hpcdl_team;
 
-// MPI_Wait, or for a polite team MPI_Test with short sleeps: the engine thread
-// waiting for a slower rank must not take the core from this rank's own
-// compute (backward) running beside it. While the caller's thread is blocked
-// on the engine (hpcdl_team_urgent), its core is free and sleeping would only
-// add latency, so the wait spins (yielding now and then). A crowded team (more
-// ranks on the host than cores, HPCDL_WAIT=yield) tests and yields instead of
-// MPI_Wait: MPICH's MPI_Wait spins without yielding, so a waiting rank would hold
-// the core its peer needs to send. Returns an MPI error code.
+// MPI_Test with short sleeps for a polite team: the engine thread waiting for
+// a slower rank must not take the core from this rank's own compute
+// (backward) running beside it. While the caller's thread is blocked on the
+// engine (hpcdl_team_urgent), its core is free and sleeping would only add
+// latency, so the wait spins (yielding now and then). The caller's team tests
+// a few times, then tests and yields: a spinning MPI_Wait (MPICH's never
+// yields; Open MPI's only with mpi_yield_when_idle) holds the core the peer
+// may need to send, whenever the host has fewer free cores than ranks
+// (crowded, or another process running). HPCDL_WAIT=spin: plain MPI_Wait.
+// Returns an MPI error code.
 int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req);
 // The same, filling *status (a receive's source and count).
 int hpcdl_team_wait_status(const hpcdl_team *t, MPI_Request *req, MPI_Status *status);
