@@ -4,9 +4,12 @@
  * mismatch becomes HPCDL_ERR_MISMATCH on every rank, with the value of each
  * rank in the message, instead of a hang or mixed data.
  *
- * One small all-reduce of (sig, -sig) with MAX gives the max and min of every
- * field; only when they differ are the values gathered to name the ranks.
- * Every rank builds the same message, so all of them fail.
+ * On one node the signatures meet in shared memory; across nodes, in teams of
+ * up to 8 ranks, in one exchange of records (small.c, which also carries the
+ * data of small all-reduces). Larger teams: one small all-reduce of (sig,
+ * -sig) with MAX gives the max and min of every field; only when they differ
+ * are the values gathered to name the ranks. Every rank builds the same
+ * message, so all of them fail.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,11 +26,13 @@ static void describe(char *buf, size_t len, const char *field, int64_t v) {
     else if (!strcmp(field, "op")) snprintf(buf, len, "%s", hpcdl_op_name((hpcdl_op)v));
     else if (!strcmp(field, "algorithm")) snprintf(buf, len, "%s", hpcdl_algo_name((hpcdl_algo)v));
     else if (!strcmp(field, "valid")) snprintf(buf, len, "%s", v ? "ok" : "bad buffer");
+    else if (!strcmp(field, "collective")) snprintf(buf, len, "%s", hpcdl_coll_name(v));
     else snprintf(buf, len, "%lld", (long long)v);
 }
 
 // all[r * nsig + i]: field i of rank r; bad: the first field that differs.
-static int mismatch(const hpcdl_team *t, const char *what, const int64_t *all, int nsig,
+// Local call (small.c's exchange uses it too); returns HPCDL_ERR_MISMATCH.
+int hpcdl_agree_mismatch(const hpcdl_team *t, const char *what, const int64_t *all, int nsig,
                     int bad, const char *const *names) {
     char msg[900], val[48];
     int pos = snprintf(msg, sizeof msg, "%s: ranks disagree on %s:", what, names[bad]);
@@ -68,7 +73,7 @@ static int check_agree_shm(const hpcdl_team *t, const char *what, const int64_t 
     for (int j = 0; j < t->local_size; j++)
         memcpy(all + (size_t)j * (size_t)nsig, hpcdl_shm_sig(s, j, parity),
                sizeof(int64_t) * (size_t)nsig);
-    return mismatch(t, what, all, nsig, bad, names);
+    return hpcdl_agree_mismatch(t, what, all, nsig, bad, names);
 }
 
 static int gather_sigs(const hpcdl_team *t, const int64_t *sig, int nsig, int64_t *all) {
@@ -83,6 +88,8 @@ int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
                       const char *const *names) {
     if (t->shm && t->cross_size == 1 && t->local_size <= 64)
         return check_agree_shm(t, what, sig, nsig, names);
+    if (hpcdl_exchange_applies(t)) // across nodes: one exchange of records (small.c)
+        return hpcdl_exchange_agree((hpcdl_team *)t, what, sig, nsig, names, NULL, 0);
     int64_t mm[2 * MAX_SIG];
     for (int i = 0; i < nsig; i++) {
         mm[i] = sig[i];
@@ -103,7 +110,7 @@ int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
     int64_t *all = malloc(sizeof(int64_t) * (size_t)nsig * (size_t)t->size);
     if (!all) return hpcdl_fail(HPCDL_ERR_NOMEM, "agreement check: out of memory");
     int rc = gather_sigs(t, sig, nsig, all);
-    if (rc == HPCDL_OK) rc = mismatch(t, what, all, nsig, bad, names);
+    if (rc == HPCDL_OK) rc = hpcdl_agree_mismatch(t, what, all, nsig, bad, names);
     free(all);
     return rc;
 }

@@ -55,6 +55,7 @@ typedef struct {
     const int *urgent;  // polite teams: > 0 while a caller thread blocks in hpcdl_wait
     double t_agreed;    // MPI_Wtime when the last collective's agreement check ended
     void *scratch;      // shared.c's piece buffer, allocated on first use
+    void *xbuf;         // small.c's record slots (one per rank), allocated on first use
 } hpcdl_team;
 
 // MPI_Test with short sleeps for a polite team: the engine thread waiting for
@@ -151,6 +152,19 @@ int hpcdl_check_agree(const hpcdl_team *t, const char *what, const int64_t *sig,
                       int nsig, const char *const *names);
 // The agreement check from a rank whose own arguments failed validation.
 int hpcdl_check_invalid(const hpcdl_team *t, const char *what, int nsig);
+// The mismatch message from every rank's fields (all[r * nsig + i]), bad the
+// first that differs; returns HPCDL_ERR_MISMATCH. Local call.
+int hpcdl_agree_mismatch(const hpcdl_team *t, const char *what, const int64_t *all, int nsig,
+                         int bad, const char *const *names);
+// small.c: the check across nodes as one exchange of records, which carries
+// the data of auto all-reduces of at most hpcdl_small_bytes() bytes.
+size_t hpcdl_small_bytes(void);
+int hpcdl_exchange_applies(const hpcdl_team *t);
+int hpcdl_exchange_agree(hpcdl_team *t, const char *what, const int64_t *sig, int nsig,
+                         const char *const *names, const void *payload, size_t pbytes);
+int hpcdl_small_allreduce(hpcdl_team *t, void *recv, size_t count, hpcdl_dtype dtype,
+                          hpcdl_op op);
+const char *hpcdl_coll_name(int64_t code);
 // Fields of the all-reduce's signature (dispatch.c): hpcdl_report_invalid's nsig.
 #define HPCDL_ALLREDUCE_SIG 8
 

@@ -63,6 +63,16 @@ hpcdl_algo hpcdl_choose_algo(const hpcdl_ctx *ctx, size_t bytes) {
     return choose(&ctx->main, bytes);
 }
 
+// An auto all-reduce of host memory small enough to ride inside the
+// agreement check's exchange (small.c): one message latency instead of two
+// collectives. Its inputs are all in the signature, so ranks that decide
+// differently fail the check. Local call.
+static int inline_fits(const hpcdl_team *t, const hpcdl_shared_buf *shared,
+                       const hpcdl_where *where, size_t bytes, hpcdl_algo algo) {
+    return algo == HPCDL_ALGO_AUTO && !shared && hpcdl_where_path(where) == 0 &&
+           bytes <= hpcdl_small_bytes() && hpcdl_exchange_applies(t);
+}
+
 // ----------------------------------------------------------------------------
 // dispatch. Each is collective over t; preconditions across ranks: the
 // arguments of the public call (count or counts, dtype, op, root, algo), and
@@ -82,6 +92,13 @@ int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_shared_b
             "memory path (0 host, 1 GPU staged, 2 GPU-direct)", "HPCDL_CUDA_STAGE_BYTES"};
         int64_t sig[] = {1, (int64_t)count, dtype, op, algo, hpcdl_shared_id(shared),
                          hpcdl_where_path(where), hpcdl_where_stage(where)};
+        if (inline_fits(t, shared, where, bytes, algo)) { // the data rides in the check
+            HPCDL_TRY(hpcdl_exchange_agree(t, "allreduce", sig, HPCDL_ALLREDUCE_SIG, names,
+                                           send, bytes));
+            t->t_agreed = MPI_Wtime();
+            if (used) *used = HPCDL_USED_INLINE;
+            return hpcdl_small_allreduce(t, recv, count, dtype, op);
+        }
         HPCDL_TRY(hpcdl_check_agree(t, "allreduce", sig, HPCDL_ALLREDUCE_SIG, names));
     }
     t->t_agreed = MPI_Wtime();

@@ -268,5 +268,6 @@ const char *hpcdl_op_name(hpcdl_op op) {
 const char *hpcdl_algo_name(hpcdl_algo algo) {
     static const char *names[HPCDL_NUM_ALGOS] = {"auto", "ring", "hier", "mpi"};
     if (algo == HPCDL_USED_SHARED) return "hier-shared"; // reported, never requested
+    if (algo == HPCDL_USED_INLINE) return "inline";       // reported, never requested
     return (unsigned)algo < HPCDL_NUM_ALGOS ? names[algo] : "unknown";
 }

@@ -90,6 +90,8 @@ int hpcdl_team_free(hpcdl_team *t) {
     hpcdl_shm_free(t);
     free(t->scratch);
     t->scratch = NULL;
+    free(t->xbuf);
+    t->xbuf = NULL;
     if (t->cross != MPI_COMM_NULL && t->cross) MPI_CHECK(MPI_Comm_free(&t->cross));
     if (t->local != MPI_COMM_NULL && t->local) MPI_CHECK(MPI_Comm_free(&t->local));
     if (t->world != MPI_COMM_NULL && t->world) MPI_CHECK(MPI_Comm_free(&t->world));

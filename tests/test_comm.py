@@ -1,6 +1,7 @@
 """test_comm.py - hpcdl.comm: buffer validation in one process, then the
 collectives under mpirun against MPI's own and float64 math (2, 3, 4 ranks,
-and 2 virtual nodes x 2 ranks for the hierarchical inter-node path), async
+and 2 virtual nodes x 2 ranks for the hierarchical inter-node path), small
+all-reduces carried in the agreement check across virtual nodes, async
 ordering, and every misuse raising on every rank within seconds."""
 import os
 
@@ -80,6 +81,18 @@ def test_collectives_virtual_nodes_hier(part):
     # 2 virtual nodes x 2 ranks: the inter-node ring of hier runs over real MPI
     r = run_python(4, os.path.join(SCRIPTS, "collectives_check.py"), args=[part],
                    env={"HPCDL_LOCAL_SIZE": "2"})
+    assert "FAILED 0" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n,local,mode", [(3, "1", "data"), (4, "2", "data"),
+                                          (2, "1", "threshold")])
+def test_small_allreduce_inline_across_nodes(n, local, mode):
+    # virtual nodes (3 x 1, 2 x 2): auto all-reduces up to HPCDL_SMALL_BYTES ride in
+    # the agreement check's exchange (small.c); sizes around the threshold, every
+    # dtype and op against MPI_Allreduce, mismatches on that path
+    r = run_python(n, os.path.join(SCRIPTS, "small_check.py"), args=[mode],
+                   env={"HPCDL_LOCAL_SIZE": local}, timeout=90)
     assert "FAILED 0" in r.stdout, r.stdout
 
 

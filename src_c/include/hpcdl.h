@@ -70,6 +70,9 @@ typedef enum {
 } hpcdl_algo;
 // Reported in timeline records when hier ran on a shared buffer (zero-copy).
 #define HPCDL_USED_SHARED ((hpcdl_algo)HPCDL_NUM_ALGOS)
+// Reported when an auto all-reduce of a few KiB across nodes rode inside the
+// agreement check's exchange and was reduced locally ("inline").
+#define HPCDL_USED_INLINE ((hpcdl_algo)(HPCDL_NUM_ALGOS + 1))
 
 typedef enum {
     HPCDL_OK = 0,
