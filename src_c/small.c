@@ -56,7 +56,7 @@ size_t hpcdl_small_bytes(void) {
     static size_t v = (size_t)-1;
     if (v == (size_t)-1) {
         const char *e = getenv("HPCDL_SMALL_BYTES");
-        size_t x = e && *e ? (size_t)strtoull(e, NULL, 10) : (size_t)16 << 10;
+        size_t x = e && *e ? (size_t)strtoull(e, NULL, 10) : (size_t)8 << 10;
         v = x < SMALL_MAX ? x : SMALL_MAX;
     }
     return v;

@@ -11,7 +11,7 @@ import os
 import sys
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "data"
-LIMIT = int(os.environ.get("HPCDL_SMALL_BYTES", 16384))  # small.c's default
+LIMIT = int(os.environ.get("HPCDL_SMALL_BYTES", 8192))  # small.c's default
 if MODE == "threshold" and os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")) == "1":
     os.environ["HPCDL_SMALL_BYTES"] = str(LIMIT // 2)  # read by the core at first use
 
