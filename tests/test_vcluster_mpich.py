@@ -49,10 +49,14 @@ def test_hpcdl_run_hydra_2x2_collectives(vc):
 
 @pytest.mark.mpi
 def test_plain_mpiexec_mpich_across_hosts(vc):
-    # each rank names its host; the ranks of one host share its /dev/shm only
+    # each rank names its host; the ranks of one host share its /dev/shm only.
+    # Rank 0 prints every rank's line: hydra forwards the ranks' output in
+    # chunks that can split a line of one rank with another's
     code = ("import socket; from mpi4py import MPI; c = MPI.COMM_WORLD; "
             "s = c.Split_type(MPI.COMM_TYPE_SHARED); "
-            "print('rank', c.rank, socket.gethostname(), s.size, c.allreduce(c.rank + 1))")
+            "rows = c.gather(('rank', c.rank, socket.gethostname(), s.size, "
+            "c.allreduce(c.rank + 1))); "
+            "c.rank == 0 and print('\\n'.join(' '.join(map(str, r)) for r in rows))")
     r = vexec("node1", ["mpiexec.mpich", "-n", "4", "-hosts", "node1:2,node2:2", PY, "-c",
                         code], timeout=60)
     assert r.returncode == 0, r.stdout
