@@ -29,17 +29,17 @@ static size_t auto_ring_above(void) {
     return v;
 }
 
-// Where auto switches from hier to the ring on one node. 2 MiB, but 32 MiB
-// under an MPICH-family MPI when the ranks fill the host's cores: there the
-// ring is bimodal from run to run (benchmarks/allreduce-mpich.md, 2 ranks on 2
-// cores: 4 MiB 537 or 1233 us, 16 MiB 3508 or 6459 us) while hier is steady
-// and faster than MPICH's MPI_Allreduce; from 32 MiB the ring beats MPICH's
-// even in its slow mode. Under Open MPI the ring wins from 4 MiB (hier would
-// fall to 0.75x MPI_Allreduce at 16 MiB). The same answer on every rank of a
-// node: same MPI, same host.
+// Where auto switches from hier to the ring on one node. 2 MiB, but 8 MiB
+// under an MPICH-family MPI when the ranks fill the host's cores: there hier
+// is steadier than the ring at 4 MiB (quiet, 2 ranks on 2 cores, the ring's
+// yielding wait: ring 1.04-1.71 ms, hier 1.24-1.53 ms, MPICH's MPI_Allreduce
+// 1.49-1.93 ms), while from 16 MiB the ring wins (5.1-5.5 ms against hier
+// 6.9-7.4 and MPICH 6.2-6.5; benchmarks/allreduce-mpich.md). Under Open MPI
+// the ring wins from 4 MiB. The same answer on every rank of a node: same
+// MPI, same host.
 static size_t one_node_ring_above(const hpcdl_team *t) {
 #ifdef MPICH_VERSION
-    if (t->full && !getenv("HPCDL_AUTO_RING_ABOVE")) return (size_t)32 << 20;
+    if (t->full && !getenv("HPCDL_AUTO_RING_ABOVE")) return (size_t)8 << 20;
 #else
     (void)t;
 #endif
