@@ -14,6 +14,7 @@ import torch
 from mpi4py import MPI
 
 from hpcdl import comm
+from coll_common import check, values, verdict
 
 PART = sys.argv[1] if len(sys.argv) > 1 else "float32"
 MAX_BYTES = int(sys.argv[2]) if len(sys.argv) > 2 else 64 << 20
@@ -22,23 +23,6 @@ R, N = c.rank, c.size
 NP_TYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
             "int32": np.int32, "int64": np.int64}
 TORCH_TYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-failures, checks = [], 0
-
-
-def check(ok, what):
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(what)
-        if len(failures) <= 10:
-            print("[rank %d] FAIL %s" % (R, what), flush=True)
-
-
-def values(rank, n, op):
-    i = np.arange(n, dtype=np.int64)
-    if op == "prod":  # +-1, +-2: products stay exact in every dtype
-        return (1 + (i + 3 * rank) % 2) * np.where((i + rank) % 3 == 0, -1, 1)
-    return (i * 7 + rank * 13 + 5) % 17 - 8
 
 
 _cache = {}
@@ -159,7 +143,4 @@ elif PART.startswith("big:"):
 else:
     check_allreduce(PART, sizes, ("ring", "hier", "mpi", "auto"))
 
-bad = c.mpi.allreduce(len(failures), op=MPI.SUM)
-if R == 0:
-    print("CHECKS %d FAILED %d" % (checks, bad), flush=True)
-sys.exit(1 if bad else 0)
+verdict()

@@ -20,30 +20,13 @@ import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from hpcdl import comm  # noqa: E402
+from coll_common import check, values, verdict  # noqa: E402
 
 c = comm.init()
 R, N = c.rank, c.size
 TYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
          "int32": np.int32, "int64": np.int64, "bfloat16": None}
 MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
-failures, checks = [], 0
-
-
-def check(ok, what):
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(what)
-        if len(failures) <= 10:
-            print("[rank %d] FAIL %s" % (R, what), flush=True)
-
-
-def values(rank, n, op):
-    """Small integers (exact in every dtype, whatever the order of the sum)."""
-    i = np.arange(n, dtype=np.int64)
-    if op == "prod":
-        return (1 + (i + 3 * rank) % 2) * np.where((i + rank) % 3 == 0, -1, 1)
-    return (i * 7 + rank * 13 + 5) % 17 - 8
 
 
 def expected(n, op, dtype):
@@ -144,7 +127,4 @@ else:
 y = np.full(5, R + 1, np.float32)  # healthy after the errors
 c.allreduce(y)
 check(float(y[0]) == N * (N + 1) / 2, "healthy after errors: %s" % y[0])
-bad = c.mpi.allreduce(len(failures), op=MPI.SUM)
-if R == 0:
-    print("CHECKS %d FAILED %d" % (checks, bad), flush=True)
-sys.exit(1 if bad else 0)
+verdict()
