@@ -39,7 +39,9 @@ static size_t auto_ring_above(void) {
 // MPI, same host.
 static size_t one_node_ring_above(const hpcdl_team *t) {
 #ifdef MPICH_VERSION
-    if (t->full && !getenv("HPCDL_AUTO_RING_ABOVE")) return (size_t)8 << 20;
+    static int env_set = -1; // read once: choose() runs on every collective
+    if (env_set < 0) env_set = env_bytes("HPCDL_AUTO_RING_ABOVE", 0) != 0;
+    if (t->full && !env_set) return (size_t)8 << 20;
 #else
     (void)t;
 #endif
