@@ -26,7 +26,7 @@ import pytest
 from mpi_harness import run_python
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "mpi_scripts", "zero3_checkpoint.py")
-CASES = ["adam:1", "sgd:2:units", "adamw:1:noprefetch", "lars:1"]
+CASES = ["adam:1", "sgd:2:units", "adamw:1:noprefetch", "lars:1", "adam:1:fp16", "sgd:1:bf16"]
 
 
 @pytest.mark.mpi
@@ -71,13 +71,46 @@ def test_train_zero3_resume_matches_uninterrupted(tmp_path):
     assert torch.load(out / "model.pt", weights_only=True)["net.0.weight"].shape == (32, 64)
 
 
-@pytest.mark.parametrize("flags,words", [
-    (dict(optimizer="lars"), "--zero 3 takes --optimizer sgd or adam"),
-    (dict(compression="fp16"), "--zero 3 does not compress")])
-def test_train_config_refuses_what_stage3_cannot_do(flags, words):
+@pytest.mark.mpi
+def test_train_zero3_lars_bf16_matches_unsharded(tmp_path):
+    # LARS's groups come from the whole model (a piece is 1-D: by its own shape
+    # every weight would be exempt; that ended 2.49 relative away) and its norms
+    # from every rank's pieces; the gradients travel in bf16 at both stages. The
+    # same parameters as --zero 0, up to bf16 sums rounded in other places (seen:
+    # 6.7e-5; 4.3e-7 in fp32; a run without compression is 1.8e-2 away)
+    import torch
+    from mpi_harness import run_mpi
+    from test_train_resume import TRAIN
+    base = TRAIN + ["--global-batch", "48", "--optimizer", "lars", "--base-lr", "2",
+                    "--schedule", "constant", "--hidden", "32", "--epochs", "2",
+                    "--compression", "bf16"]
+    for z in ("0", "3"):
+        run_mpi(2, base + ["--zero", z, "--out", str(tmp_path / z)], timeout=180, check=True)
+    want, got = (torch.load(tmp_path / z / "model.pt", weights_only=True) for z in "03")
+    worst = max(((got[k] - v).abs().max() / v.abs().max()).item() for k, v in want.items())
+    assert worst < 1e-3, worst
+
+
+def test_train_config_refuses_what_stage3_cannot_do():
     from hpcdl.train.config import ConfigError, TrainConfig
+    with pytest.raises(ConfigError, match="--zero 3 compresses with fp16 or bf16 only"):
+        TrainConfig(zero=3, compression="topk:0.1").check(2)
+    TrainConfig(zero=3, compression="bf16").check(2)  # the reduce-scatter in 16 bits
+
+
+@pytest.mark.parametrize("stage,saved,words", [
+    (0, {"zero12": {"dir": "d", "stage": 2}}, "sharded by --zero 2; resume it with --zero 1 or 2"),
+    (1, {"zero3": {"dir": "d"}, "model": {}}, "resume it with --zero 3"),
+    (3, {"zero12": {"dir": "d", "stage": 1}}, "--zero 3 resumes only its own")])
+def test_train_refuses_another_stages_checkpoint(stage, saved, words):
+    # before any file is read or any collective: every rank raises alike
+    from hpcdl.train import allreduce, zero
+    from hpcdl.train.config import ConfigError
+    cls = {0: allreduce.AllReduce, 1: zero.Zero, 3: zero.Zero3}[stage]
     with pytest.raises(ConfigError, match=words):
-        TrainConfig(zero=3, **flags).check(2)
+        strategy = object.__new__(cls)
+        strategy.zero_stage = stage
+        strategy.load_state_dict(saved)
 
 
 @pytest.mark.parametrize("stage", [1, 3])

@@ -137,7 +137,7 @@ class AllReduce:
         """Everything of the replica the next step depends on (see checkpoint.py)."""
         compression = getattr(self.compression, "state_dict", None)  # stateful: top-k
         return {
-            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "model": self.model.state_dict(), **self.optimizer_state(),
             "scheduler": self.sched.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "rng": {"torch": torch.get_rng_state()},
@@ -147,12 +147,9 @@ class AllReduce:
         }
 
     def load_state_dict(self, state):
-        if "zero3" in state:  # sharded model: its files name the ranks and layout
-            from .errors import ConfigError
-            raise ConfigError("this checkpoint holds a model sharded by --zero 3; resume it "
-                              "with --zero 3 (on any rank count)")
+        self.check_sharding(state)
         self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        self.load_optimizer(state)
         self.sched.load_state_dict(state["scheduler"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
@@ -166,3 +163,21 @@ class AllReduce:
                           "from zero (the run will not match an uninterrupted one exactly)"
                           % (state["ranks"], comm.size()))
 
+    def optimizer_state(self):
+        """The checkpoint's optimizer part: the whole optimizer (every rank has it)."""
+        return {"optimizer": self.opt.state_dict()}
+
+    def load_optimizer(self, state):
+        self.opt.load_state_dict(state["optimizer"])
+
+    def check_sharding(self, state):
+        """A ConfigError (every rank alike, before anything is restored) when
+        the checkpoint's state is sharded in a way this strategy cannot read."""
+        from .errors import ConfigError
+        if "zero3" in state:  # sharded model: its files name the ranks and layout
+            raise ConfigError("this checkpoint holds a model sharded by --zero 3; resume it "
+                              "with --zero 3 (on any rank count)")
+        if "zero12" in state and not self.zero_stage:  # one optimizer file per rank
+            raise ConfigError("this checkpoint holds an optimizer sharded by --zero %d; "
+                              "resume it with --zero 1 or 2 (on any rank count)"
+                              % state["zero12"]["stage"])

@@ -29,15 +29,22 @@ def peak_lr(cfg):
                     rule=cfg.lr_scaling)
 
 
-def build_optimizer(cfg, model):
-    """The local optimizer at the peak lr; DistributedOptimizer wraps it later."""
+def lars_groups(cfg, model):
+    """LARS's parameter groups: biases and norm weights get no adaptation and
+    no decay (You et al. 2017)."""
+    from .. import optim
+    return optim.exclude_bias_and_norm(model, weight_decay=cfg.weight_decay)
+
+
+def build_optimizer(cfg, model, groups=None):
+    """The local optimizer at the peak lr; DistributedOptimizer wraps it later.
+    groups: LARS's groups when made before the model changed (stage 3)."""
     from .. import optim
     lr = peak_lr(cfg)
     if cfg.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "lars":
-        # biases and norm weights: no adaptation, no decay (You et al. 2017)
-        groups = optim.exclude_bias_and_norm(model, weight_decay=cfg.weight_decay)
+        groups = lars_groups(cfg, model) if groups is None else groups
         trust = 0.001 if cfg.trust_coefficient is None else cfg.trust_coefficient
         return optim.LARS(groups, lr=lr, momentum=cfg.momentum,
                           weight_decay=cfg.weight_decay, trust_coefficient=trust)

@@ -113,14 +113,10 @@ class TrainConfig:
         if self.zero and self.mode != "allreduce":
             raise ConfigError("--zero %d needs --mode allreduce (it shards the all-reduce "
                               "strategy's optimizer), not --mode %s" % (self.zero, self.mode))
-        if self.zero == 3 and self.optimizer in ("lars", "larc"):
-            raise ConfigError("--zero 3 takes --optimizer sgd or adam: %s needs whole-layer "
-                              "norms, and stage 3's pieces cut layers; use --zero 2 for it"
-                              % self.optimizer.upper())
-        if self.zero == 3 and self.compression != "none":
-            raise ConfigError("--zero 3 does not compress (its reduce-scatter and all-gather "
-                              "run in the parameters' dtype); drop --compression %s"
-                              % self.compression)
+        if self.zero == 3 and self.compression.startswith("topk"):
+            raise ConfigError("--zero 3 compresses with fp16 or bf16 only, not --compression "
+                              "%s: top-k keeps residuals of whole gradients, which no rank "
+                              "holds at stage 3" % self.compression)
 
     def _workers(self, size):
         return size - self.ps_ranks if self.mode.startswith("ps-") else size

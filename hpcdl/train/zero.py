@@ -6,13 +6,19 @@ keeps the optimizer state (and at stage 2 the averaged gradients) of only its
 each step, so every rank still holds the whole model for forward and backward.
 
 Everything else is allreduce.py's: the data slices, the fp16 loss scale (its
-overflow check reads this rank's gradient shard, agreed by every rank), the
-checkpoint. The optimizer's state_dict() is consolidated (collective), so a
-checkpoint holds the unsharded optimizer: it resumes under any --zero stage
-and any rank count, and a run resumed on the same ranks ends with exactly the
-parameters of one that never stopped.
+overflow check reads this rank's gradient shard, agreed by every rank).
+
+Checkpoints of every stage are sharded: each rank writes its own pieces and
+their optimizer state into a directory beside checkpoint.pt (one file per
+rank plus a manifest; hpcdl/torch/zero/checkpoint.py), so no rank ever holds
+the whole optimizer. checkpoint.pt (rank 0) names that directory and holds
+the rest (stages 1-2: the whole model, which every rank has). Resuming
+reshards to the current rank count; stages 1 and 2 resume each other's
+checkpoints, and a --zero 0 checkpoint's whole optimizer; a run resumed on
+the same ranks ends with exactly the parameters of one that never stopped.
 """
 import os
+import re
 import shutil
 import time
 
@@ -23,6 +29,53 @@ from . import build, checkpoint
 from .allreduce import AllReduce
 
 
+SHARD_DIR = re.compile(r"zero[123]-[0-9]+-[0-9]+")  # ShardDirs.new()'s names
+
+
+class ShardDirs:
+    """The shard directories of a run's checkpoints: a fresh one per save, so
+    the rename of checkpoint.pt switches from one whole checkpoint to the
+    next; after a save rank 0 removes all but the newest KEEP (the one
+    checkpoint.pt names until it is replaced, and the new one)."""
+
+    KEEP = 2
+
+    def __init__(self, cfg, prefix):
+        self.cfg, self.prefix = cfg, prefix
+        self.names = []  # written or loaded by this run in checkpoint_dir, oldest first
+
+    def new(self):
+        """Collective: (name, path) of the next save's directory, the same on every rank."""
+        name = comm.bcast_object("%s-%d-%d" % (self.prefix, time.time_ns(), os.getpid()))
+        return name, os.path.join(self.cfg.checkpoint_dir, name)
+
+    def saved(self, name):
+        self.names.append(name)
+        old, self.names = self.names[:-self.KEEP], self.names[-self.KEEP:]
+        if comm.rank() == 0:
+            for n in old:
+                shutil.rmtree(os.path.join(self.cfg.checkpoint_dir, n), ignore_errors=True)
+
+    def loading(self, name):
+        """The path of directory `name` beside the checkpoint.pt being resumed.
+        Resuming in checkpoint_dir, the other shard directories there (older
+        saves of the stopped run, a save cut short) are pruned by the next save."""
+        cfg = self.cfg
+        where = os.path.dirname(os.path.abspath(
+            cfg.resume if cfg.resume not in (None, "auto")
+            else checkpoint.path_in(cfg.checkpoint_dir)))
+        if os.path.abspath(cfg.checkpoint_dir or "") == where:
+            self.names = sorted(d for d in os.listdir(where)
+                                if SHARD_DIR.fullmatch(d) and d != name) + [name]
+        return os.path.join(where, name)
+
+
+def _load_error(e):
+    """A sharded checkpoint's ValueError (the same on every rank) as the trainer's."""
+    from .errors import ConfigError
+    return ConfigError(str(e))
+
+
 class Zero(AllReduce):
     """AllReduce with a sharded optimizer (cfg.zero is 1 or 2)."""
 
@@ -30,6 +83,7 @@ class Zero(AllReduce):
         super().__init__(cfg)
         self.zero_stage = cfg.zero
         _refuse_gpu(self.device, cfg.zero)
+        self.dirs = ShardDirs(cfg, "zero%d" % cfg.zero)
 
     def describe(self, ds):
         return "%s, ZeRO stage %d" % (super().describe(ds), self.zero_stage)
@@ -43,6 +97,28 @@ class Zero(AllReduce):
         extra = super().finish()
         every = comm.allgather_object(self.state_bytes())
         return dict(extra, zero_stage=self.zero_stage, optimizer_state_bytes=max(every))
+
+    def optimizer_state(self):
+        """Collective: each rank writes its pieces and their optimizer state
+        into a fresh shard directory; checkpoint.pt names it."""
+        from ..torch.zero.checkpoint12 import save_sharded
+        name, path = self.dirs.new()
+        save_sharded(self.opt, path)
+        self.dirs.saved(name)
+        return {"zero12": {"dir": name, "stage": self.zero_stage, "ranks": comm.size()}}
+
+    def load_optimizer(self, state):
+        """Collective: this rank's pieces and state from the shard directory
+        (resharded when saved on another rank count), or the whole optimizer
+        a --zero 0 checkpoint holds (each rank keeps its pieces' state)."""
+        from ..torch.zero.checkpoint12 import load_sharded
+        if "zero12" not in state:
+            self.opt.load_state_dict(state["optimizer"])
+            return
+        try:
+            load_sharded(self.opt, self.dirs.loading(state["zero12"]["dir"]))
+        except ValueError as e:
+            raise _load_error(e) from None
 
 
 class Zero3(AllReduce):
@@ -61,14 +137,12 @@ class Zero3(AllReduce):
     to the next, and older directories are removed after. Resuming reshards
     to the current rank count."""
 
-    KEEP = 2  # shard directories kept: the one checkpoint.pt names, and the newest
-
     def __init__(self, cfg):
         super().__init__(cfg)
         self.zero_stage = 3
         _refuse_gpu(self.device, 3)
         self.shards = None
-        self._dirs = []  # shard directories written or loaded by this run, oldest first
+        self.dirs = ShardDirs(cfg, "zero3")
 
     def build(self, model, steps):
         """Shards the model (rank 0's weights on every rank), then the local
@@ -77,8 +151,13 @@ class Zero3(AllReduce):
         from .precision import LossScaler
         cfg = self.cfg
         self.model = model
-        self.shards = shard_model(model)
-        self.opt = build.build_optimizer(cfg, model)
+        # LARS's groups judge parameters by their shape: take them from the
+        # whole model (a piece is 1-D), by name, since sharding swaps the tensors
+        groups = _names_of(model, build.lars_groups(cfg, model)) if cfg.optimizer == "lars" \
+            else None
+        self.compression = build.build_compression(cfg.compression)
+        self.shards = shard_model(model, compression=self.compression)
+        self.opt = build.build_optimizer(cfg, model, _params_of(model, groups))
         self.sched = build.build_schedule(cfg, self.opt, steps)
         self.scaler = LossScaler(agree=comm.any_rank) if cfg.precision == "fp16" else None
 
@@ -96,14 +175,19 @@ class Zero3(AllReduce):
 
     def backward_and_step(self, loss):
         """The gradients arrive averaged on the pieces during backward; the
-        plain optimizer steps (fp16: the pieces checked, agreed by every rank)."""
+        plain optimizer steps (fp16: the pieces checked, agreed by every rank);
+        LARS and LARC get whole-layer norms (one all-reduce)."""
         if self.scaler is None:
             loss.backward()
-            self.opt.step()
+            self._step()
         else:
             self.scaler.scale_loss(loss).backward()
             if self.scaler.unscale_and_check(list(self.model.parameters())):
-                self.opt.step()
+                self._step()
+
+    def _step(self):
+        with self.shards.layer_norms(self.opt):
+            self.opt.step()
 
     def end_epoch(self, run):
         extra = super().end_epoch(run)
@@ -126,42 +210,44 @@ class Zero3(AllReduce):
         """Collective: writes this save's shard directory; returns what
         checkpoint.pt holds (it names the directory)."""
         from ..torch.zero.checkpoint import save_sharded
-        name = comm.bcast_object("zero3-%d-%d" % (time.time_ns(), os.getpid()))
-        save_sharded(self.shards, os.path.join(self.cfg.checkpoint_dir, name), self.opt)
-        self._dirs.append(name)
-        self._prune()
+        name, path = self.dirs.new()
+        save_sharded(self.shards, path, self.opt)
+        self.dirs.saved(name)
         return {"zero3": {"dir": name, "ranks": comm.size()},
                 "scheduler": self.sched.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": {"torch": torch.get_rng_state()}, "ranks": comm.size()}
 
-    def _prune(self):
-        """Rank 0 removes shard directories older than the last KEEP: the one
-        before the newest is what checkpoint.pt names until it is replaced."""
-        old, self._dirs = self._dirs[:-self.KEEP], self._dirs[-self.KEEP:]
-        if comm.rank() == 0:
-            for name in old:
-                shutil.rmtree(os.path.join(self.cfg.checkpoint_dir, name), ignore_errors=True)
-
     def load_state_dict(self, state):
         from ..torch.zero.checkpoint import load_sharded
-        from .errors import ConfigError
         if "zero3" not in state:
+            from .errors import ConfigError
             raise ConfigError("this checkpoint holds an unsharded model (--zero 0, 1 or 2); "
                               "--zero 3 resumes only its own sharded checkpoints")
-        where = os.path.dirname(os.path.abspath(
-            self.cfg.resume if self.cfg.resume not in (None, "auto")
-            else checkpoint.path_in(self.cfg.checkpoint_dir)))
         try:
-            load_sharded(self.shards, os.path.join(where, state["zero3"]["dir"]), self.opt)
+            load_sharded(self.shards, self.dirs.loading(state["zero3"]["dir"]), self.opt)
         except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if os.path.abspath(self.cfg.checkpoint_dir or "") == where:
-            self._dirs.append(state["zero3"]["dir"])
+            raise _load_error(e) from None
         self.sched.load_state_dict(state["scheduler"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng"]["torch"])
+
+
+def _names_of(model, groups):
+    """groups with parameter names in place of the parameters (None: None)."""
+    if groups is None:
+        return None
+    name = {p: n for n, p in model.named_parameters()}
+    return [dict(g, params=[name[p] for p in g["params"]]) for g in groups]
+
+
+def _params_of(model, groups):
+    """_names_of undone on the (sharded) model: its parameters of those names."""
+    if groups is None:
+        return None
+    param = dict(model.named_parameters())
+    return [dict(g, params=[param[n] for n in g["params"]]) for g in groups]
 
 
 def _refuse_gpu(device, stage):

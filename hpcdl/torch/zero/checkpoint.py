@@ -19,7 +19,8 @@ pieces) from the old pieces and keeps its new piece: resharding, with the
 whole model passing through each rank's memory once. A manifest of another
 model (names, shapes, dtypes, parameter order), a missing rank file or
 another optimizer grouping is a ValueError on every rank, and nothing on
-disk is touched.
+disk is touched. Another cut into units (stage 3's units=, stages 1-2's
+fusion buckets) loads through the resharding path.
 """
 import json
 import os
@@ -129,9 +130,6 @@ def _mismatch(directory, manifest, shards, optimizer):
         if a["shape"] != b["shape"] or a["dtype"] != b["dtype"]:
             return ("sharded checkpoint %s: parameter %s is %s %s there, %s %s here"
                     % (directory, a["name"], a["dtype"], a["shape"], b["dtype"], b["shape"]))
-    if [u["names"] for u in manifest["units"]] != [u.names for u in shards.units]:
-        return ("sharded checkpoint %s groups the parameters into other units; shard the "
-                "model with the same units= as when it was saved" % directory)
     if optimizer is not None:
         saved, groups = manifest.get("optimizer"), _group_names(shards, optimizer)
         if not saved:
@@ -148,6 +146,14 @@ def _mismatch(directory, manifest, shards, optimizer):
     return None
 
 
+def _same_units(manifest, shards):
+    """True when the saved pieces are this rank's pieces: the same cut into
+    units (stage 3's units=, stages 1-2's fusion buckets) and block counts.
+    Otherwise each parameter is joined from the old pieces by name."""
+    return [(u["names"], u["counts"]) for u in manifest["units"]] == [
+        (list(u.names), list(u.counts)) for u in shards.units]
+
+
 def _read(directory, name):
     return torch.load(os.path.join(directory, name), map_location="cpu", weights_only=True)
 
@@ -162,7 +168,7 @@ def load_sharded(shards, directory, optimizer=None):
         manifest = read_manifest(directory)
         error = _mismatch(directory, manifest, shards, optimizer)
         if error is None:
-            same = manifest["ranks"] == comm.size
+            same = manifest["ranks"] == comm.size and _same_units(manifest, shards)
             names = [rank_file(comm.rank, comm.size)] if same else manifest["files"]
             parts = [_read(directory, n) for n in names]
     except ValueError as e:

@@ -119,5 +119,8 @@ def load_sharded(opt, directory):
     z = _sharding(opt)
     layout = _Layout(z)
     extra = checkpoint.load_sharded(layout, directory, _AllPieces(z, layout))
+    # the wrapped optimizer's load replaced its groups and state: the wrapper
+    # (which LR schedulers step) must hand out the new ones, as its own load does
+    opt.param_groups, opt.state = z.inner.param_groups, z.inner.state
     z.gather_params()
     return extra

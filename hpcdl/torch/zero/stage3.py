@@ -158,16 +158,19 @@ class _Unit:
 
     def start_reduce(self, grad):
         """Queues the reduce-scatter (average) of the unit's full gradient into
-        this rank's block; finish_reduce adds the block to the pieces' .grad."""
-        block = torch.empty(self.counts[self.owner.comm.rank], dtype=grad.dtype)
-        h = self.owner.comm.reduce_scatter_async(grad.contiguous(), block, counts=self.counts,
+        this rank's block (in the wire dtype of the owner's compression: fp16 /
+        bf16 halve the bytes); finish_reduce adds the block to the pieces' .grad."""
+        sent, ctx = self.owner.compression.compress(grad.contiguous())
+        block = torch.empty(self.counts[self.owner.comm.rank], dtype=sent.dtype)
+        h = self.owner.comm.reduce_scatter_async(sent, block, counts=self.counts,
                                                  op="average",
                                                  name="zero3.reduce.%d" % self.index)
-        return h, block
+        return h, (block, ctx)
 
     @torch.no_grad()
-    def finish_reduce(self, handle, block):
+    def finish_reduce(self, handle, sent):
         handle.wait()
+        block = self.owner.compression.decompress(*sent)
         for piece, (a, n) in zip(self.pieces, self.spans):
             if piece.grad is None:
                 piece.grad = block[a:a + n]
@@ -211,8 +214,9 @@ class _Gather(torch.autograd.Function):
 class ShardedModel:
     """The controller shard_model() returns; the model itself is changed in place."""
 
-    def __init__(self, model, units, comm, prefetch):
+    def __init__(self, model, units, comm, prefetch, compression):
         self.model, self.comm, self.prefetch_on = model, comm, prefetch
+        self.compression = compression  # of the gradients' reduce-scatter
         self.sharded = True       # False between unshard() and reshard()
         self.live_bytes = self.peak_bytes = 0  # gathered (full) parameter bytes
         self.order, self._trace = [], []       # units in forward order
@@ -475,14 +479,23 @@ def _check_params(params, names):
                          "has %s); list its modules in units= separately" % (names[0], dtypes))
 
 
-def shard_model(model, units=None, prefetch=True, sync=True, process_set=None):
+def shard_model(model, units=None, prefetch=True, sync=True, process_set=None,
+                compression=None):
     """ZeRO stage 3 on model, in place (collective). Returns the ShardedModel
     controller; model.parameters() are this rank's pieces afterwards, to be
     given to a plain torch optimizer (not DistributedOptimizer: the gradients
     arrive averaged already). units: modules gathered as one (default: every
     module with parameters of its own). sync: broadcast rank 0's parameters
-    and buffers first, so every rank cuts the same model. docs/zero.md."""
+    and buffers first, so every rank cuts the same model. compression:
+    hvd.Compression.fp16 or .bf16 sends the gradients' reduce-scatter in 16
+    bits (the parameters' all-gather stays exact). docs/zero.md."""
+    from ..compression import Compression
     from ..process_sets import comm_of, global_process_set
+    compression = Compression.none if compression is None else compression
+    if compression not in (Compression.none, Compression.fp16, Compression.bf16):
+        raise ValueError("shard_model: compression must be hvd.Compression.none, .fp16 or "
+                         ".bf16, got %r (top-k keeps per-rank residuals of whole gradients, "
+                         "which stage 3 never holds)" % (compression,))
     ps = process_set if process_set is not None else global_process_set
     if ps.process_set_id not in (0, None) and not ps.included():
         raise ValueError("shard_model: this rank is not in the process set")
@@ -501,7 +514,7 @@ def shard_model(model, units=None, prefetch=True, sync=True, process_set=None):
                          "use sparse=False or zero_stage=0" % (sparse[0] or "the model"))
     if sync:
         _broadcast(list(model.state_dict().values()), comm)
-    shards = ShardedModel(model, units, comm, prefetch)
+    shards = ShardedModel(model, units, comm, prefetch, compression)
     model._hpcdl_shards = shards
     return shards
 
