@@ -154,6 +154,19 @@ def test_distributed_optimizer_exact_2x2(vc):
     assert r.stdout.count("EXACT") == 4, r.stdout
 
 
+@pytest.mark.mpi
+def test_zero_stages_exact_3x1(vc):
+    # ZeRO's reduce-scatter and all-gather across three hosts, blocks cutting layers
+    # at host boundaries: stages 1-2 == stage 0 and one process (fp16 gradients:
+    # within 3e-3), stage 3 == one process (scripts as in test_zero / test_zero3)
+    cases = ["1:adam:1", "2:lars:2:clip:buckets", "2:adam:1:fp16:buckets"]
+    r = hrun("3x1", [PY, os.path.join(SCRIPTS, "zero_exact.py"), "1e-6"] + cases, timeout=300)
+    assert said(r.stdout, "ZERO OK") == 3 * len(cases), r.stdout
+    cases = ["adam:1", "sgd:2:units", "adam:1:bf16"]
+    r = hrun("3x1", [PY, os.path.join(SCRIPTS, "zero3_exact.py"), "1e-6"] + cases, timeout=300)
+    assert said(r.stdout, "ZERO3 OK") == 3 * len(cases), r.stdout
+
+
 # ---------------------------------------------------------------- training
 def _train(hosts, out, env=None, timeout=300):
     cmd = HPCDL + ["train", "-n", "2", "-H", hosts, "--epochs", "1", "--global-batch", "64",
