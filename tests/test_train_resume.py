@@ -93,13 +93,14 @@ def test_bad_checkpoints_fail_on_every_rank(tmp_path):
         (b"not a checkpoint at all", [], "is not a checkpoint (not a file torch.save wrote)"),
         (good, ["--hidden", "64"], "run with --hidden 32, this run has 64"),
         (good, ["--global-batch", "32"], "--global-batch 64, this run has 32"),
+        (good, ["--mode", "ps-bsp"], "--mode allreduce, this run has --mode ps-bsp"),
     ]
     def resume_from(i, data, flags):
         bad = tmp_path / ("bad%d.pt" % i)
         bad.write_bytes(data)
         return bad, run_mpi(2, base + ["--resume", str(bad)] + flags, timeout=120)
 
-    # the four launches at once: each is mostly start-up (imports), not CPU
+    # the launches at once: each is mostly start-up (imports), not CPU
     with ThreadPoolExecutor(len(cases)) as pool:
         runs = list(pool.map(lambda c: resume_from(c[0], *c[1][:2]), enumerate(cases)))
     for (data, flags, message), (bad, r) in zip(cases, runs):

@@ -8,7 +8,8 @@ grouped units, with and without prefetch: after 6 steps the parameters equal
 one process's on the whole global batch (within 1e-6 relative); each rank
 holds about 1/N of the parameter and optimizer-state bytes, and at most three
 units gathered at once. All cases of one rank count run in one launch (the
-scripts: tests/mpi_scripts/zero3_exact.py, run by zero3_checkpoint.py). Refusals (tied weights across
+scripts: tests/mpi_scripts/zero3_exact.py, run by zero3_checkpoint.py).
+Refusals (tied weights across
 units, sparse gradients, non-CPU parameters) are in test_zero.py's misuse
 launch. Sharded checkpoints (one file per rank + manifest): saved on 3 ranks,
 loaded on 3 (bit-identical next step) and on 2 (resharded; 3 more steps ==
@@ -96,6 +97,47 @@ def test_train_config_refuses_what_stage3_cannot_do():
     with pytest.raises(ConfigError, match="--zero 3 compresses with fp16 or bf16 only"):
         TrainConfig(zero=3, compression="topk:0.1").check(2)
     TrainConfig(zero=3, compression="bf16").check(2)  # the reduce-scatter in 16 bits
+
+
+def _local_comm(monkeypatch, module):
+    """One process standing in for rank 0 of the ranks (no MPI)."""
+    monkeypatch.setattr(module.comm, "rank", lambda: 0)
+    monkeypatch.setattr(module.comm, "bcast_object", lambda obj, root=0: obj)
+
+    def raise_if_any(error, exc_type=RuntimeError):
+        if error:
+            raise exc_type(error)
+    monkeypatch.setattr(module.comm, "raise_if_any", raise_if_any)
+
+
+def test_shard_dirs_keep_only_what_checkpoint_pt_names(tmp_path, monkeypatch):
+    # after checkpoint.pt names the new directory, every other shard directory
+    # (older saves, a save cut short, an earlier run's, another stage's) goes;
+    # other names stay. A failed write (a full disk) is one ConfigError and
+    # leaves no partial directory; a missing directory on resume is named.
+    from hpcdl.train import zero
+    from hpcdl.train.config import ConfigError, TrainConfig
+    _local_comm(monkeypatch, zero)
+    old = ["zero2-100-7", "zero3-200-8", "zero1-300-9"]
+    for name in old + ["zero2-keepme", "notes"]:
+        (tmp_path / name).mkdir()
+    dirs = zero.ShardDirs(TrainConfig(checkpoint_dir=str(tmp_path)), "zero2")
+    new = dirs.save(lambda path: os.makedirs(path))
+    dirs.written()
+    assert sorted(os.listdir(tmp_path)) == sorted([new, "zero2-keepme", "notes"])
+
+    def full_disk(path):
+        os.makedirs(path)
+        raise OSError(28, "No space left on device")
+    with pytest.raises(ConfigError, match="could not write the sharded checkpoint .*No space"):
+        dirs.save(full_disk)
+    assert sorted(os.listdir(tmp_path)) == sorted([new, "zero2-keepme", "notes"])
+    resume = TrainConfig(checkpoint_dir=str(tmp_path / "elsewhere"),
+                         resume=str(tmp_path / "checkpoint.pt"))
+    assert zero.ShardDirs(resume, "zero2").path_of(new) == str(tmp_path / new)
+    with pytest.raises(ConfigError, match="names the shard directory .*zero2-1-1, which does "
+                                          "not exist: .* copy or move both"):
+        zero.ShardDirs(resume, "zero2").path_of("zero2-1-1")
 
 
 @pytest.mark.parametrize("stage,saved,words", [

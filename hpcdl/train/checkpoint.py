@@ -30,7 +30,7 @@ def path_in(directory):
 
 def meta_of(cfg, model):
     """What a checkpoint must match to be resumed by this run."""
-    return {"model": cfg.model, "hidden": list(cfg.hidden), "data": cfg.data,
+    return {"model": cfg.model, "mode": cfg.mode, "hidden": list(cfg.hidden), "data": cfg.data,
             "global_batch": cfg.global_batch, "optimizer": cfg.optimizer,
             "seed": cfg.seed, "epochs": cfg.epochs,
             "shapes": _shapes(model)}
@@ -85,6 +85,12 @@ def _mismatch(path, state, meta):
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         return "%s is not an hpcdl train checkpoint (format %d)" % (path, FORMAT)
     old = state["meta"]
+    family = [m if m == "allreduce" else "ps" for m in (old.get("mode", meta["mode"]),
+                                                        meta["mode"])]
+    if family[0] != family[1]:  # their states differ: replicas vs a parameter server
+        return ("checkpoint %s was written by a run with --mode %s, this run has --mode %s; "
+                "an all-reduce and a parameter-server checkpoint hold different state: "
+                "resume with --mode %s" % (path, old["mode"], meta["mode"], old["mode"]))
     for key, flag in (("model", "--model"), ("hidden", "--hidden"), ("data", "--data"),
                       ("global_batch", "--global-batch"), ("optimizer", "--optimizer"),
                       ("seed", "--seed")):

@@ -39,6 +39,7 @@ change. A strategy never imports this module; this module imports them.
                                            run.step_done() per step taken
     .end_epoch(run) -> dict                collective; extra fields of the epoch record
     .state_dict() / .load_state_dict(s)    the strategy's part of a checkpoint
+    .checkpoint_written()                  optional: after checkpoint.pt is on disk
     .finish() -> dict                      collective, after the last epoch; extra summary
                                            fields (optimizer, precision, skipped_steps, ...)
 """
@@ -198,6 +199,9 @@ def state_of(run):
 def save_checkpoint(run):
     path = checkpoint.path_in(run.cfg.checkpoint_dir)
     checkpoint.save(path, state_of(run))
+    written = getattr(run.strategy, "checkpoint_written", None)
+    if written is not None:  # ZeRO: shard directories checkpoint.pt no longer names
+        written()
     return path
 
 

@@ -33,41 +33,56 @@ SHARD_DIR = re.compile(r"zero[123]-[0-9]+-[0-9]+")  # ShardDirs.new()'s names
 
 
 class ShardDirs:
-    """The shard directories of a run's checkpoints: a fresh one per save, so
-    the rename of checkpoint.pt switches from one whole checkpoint to the
-    next; after a save rank 0 removes all but the newest KEEP (the one
-    checkpoint.pt names until it is replaced, and the new one)."""
-
-    KEEP = 2
+    """The shard directories of a run's checkpoints: a fresh one per save,
+    written before checkpoint.pt, so the rename of checkpoint.pt switches
+    from one whole checkpoint to the next. Once checkpoint.pt names the new
+    one (written()), rank 0 removes every other shard directory in
+    checkpoint_dir: older saves, a save cut short, an earlier run's."""
 
     def __init__(self, cfg, prefix):
         self.cfg, self.prefix = cfg, prefix
-        self.names = []  # written or loaded by this run in checkpoint_dir, oldest first
+        self.current = None  # the directory of this run's latest save
 
-    def new(self):
-        """Collective: (name, path) of the next save's directory, the same on every rank."""
+    def save(self, write):
+        """Collective: write(path) into a fresh directory (the same name on
+        every rank); returns its name. An OSError on any rank (a full disk) is
+        a ConfigError on every rank, and the partial directory is removed."""
+        from .errors import ConfigError
         name = comm.bcast_object("%s-%d-%d" % (self.prefix, time.time_ns(), os.getpid()))
-        return name, os.path.join(self.cfg.checkpoint_dir, name)
+        path = os.path.join(self.cfg.checkpoint_dir, name)
+        try:
+            write(path)
+        except OSError as e:
+            if comm.rank() == 0:
+                shutil.rmtree(path, ignore_errors=True)
+            raise ConfigError("could not write the sharded checkpoint (%s); the previous "
+                              "checkpoint is unchanged" % e) from None
+        self.current = name
+        return name
 
-    def saved(self, name):
-        self.names.append(name)
-        old, self.names = self.names[:-self.KEEP], self.names[-self.KEEP:]
-        if comm.rank() == 0:
-            for n in old:
-                shutil.rmtree(os.path.join(self.cfg.checkpoint_dir, n), ignore_errors=True)
+    def written(self):
+        """After checkpoint.pt names self.current: the other directories go."""
+        d = self.cfg.checkpoint_dir
+        if comm.rank() != 0 or self.current is None or not os.path.isdir(d):
+            return
+        for name in os.listdir(d):
+            if SHARD_DIR.fullmatch(name) and name != self.current:
+                shutil.rmtree(os.path.join(d, name), ignore_errors=True)
 
-    def loading(self, name):
-        """The path of directory `name` beside the checkpoint.pt being resumed.
-        Resuming in checkpoint_dir, the other shard directories there (older
-        saves of the stopped run, a save cut short) are pruned by the next save."""
+    def path_of(self, name):
+        """Collective: the directory `name` beside the checkpoint.pt being
+        resumed; a ConfigError on every rank when it is not there."""
+        from .errors import ConfigError
         cfg = self.cfg
-        where = os.path.dirname(os.path.abspath(
-            cfg.resume if cfg.resume not in (None, "auto")
-            else checkpoint.path_in(cfg.checkpoint_dir)))
-        if os.path.abspath(cfg.checkpoint_dir or "") == where:
-            self.names = sorted(d for d in os.listdir(where)
-                                if SHARD_DIR.fullmatch(d) and d != name) + [name]
-        return os.path.join(where, name)
+        ckpt = cfg.resume if cfg.resume not in (None, "auto") else \
+            checkpoint.path_in(cfg.checkpoint_dir)
+        path = os.path.join(os.path.dirname(os.path.abspath(ckpt)), name)
+        error = None if os.path.isdir(path) else (
+            "%s names the shard directory %s, which does not exist: at --zero 1-3 a "
+            "checkpoint is checkpoint.pt and the directory it names together; copy or "
+            "move both" % (ckpt, path))
+        comm.raise_if_any(error, ConfigError)
+        return path
 
 
 def _load_error(e):
@@ -102,10 +117,11 @@ class Zero(AllReduce):
         """Collective: each rank writes its pieces and their optimizer state
         into a fresh shard directory; checkpoint.pt names it."""
         from ..torch.zero.checkpoint12 import save_sharded
-        name, path = self.dirs.new()
-        save_sharded(self.opt, path)
-        self.dirs.saved(name)
+        name = self.dirs.save(lambda path: save_sharded(self.opt, path))
         return {"zero12": {"dir": name, "stage": self.zero_stage, "ranks": comm.size()}}
+
+    def checkpoint_written(self):
+        self.dirs.written()
 
     def load_optimizer(self, state):
         """Collective: this rank's pieces and state from the shard directory
@@ -116,7 +132,7 @@ class Zero(AllReduce):
             self.opt.load_state_dict(state["optimizer"])
             return
         try:
-            load_sharded(self.opt, self.dirs.loading(state["zero12"]["dir"]))
+            load_sharded(self.opt, self.dirs.path_of(state["zero12"]["dir"]))
         except ValueError as e:
             raise _load_error(e) from None
 
@@ -210,13 +226,14 @@ class Zero3(AllReduce):
         """Collective: writes this save's shard directory; returns what
         checkpoint.pt holds (it names the directory)."""
         from ..torch.zero.checkpoint import save_sharded
-        name, path = self.dirs.new()
-        save_sharded(self.shards, path, self.opt)
-        self.dirs.saved(name)
+        name = self.dirs.save(lambda path: save_sharded(self.shards, path, self.opt))
         return {"zero3": {"dir": name, "ranks": comm.size()},
                 "scheduler": self.sched.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": {"torch": torch.get_rng_state()}, "ranks": comm.size()}
+
+    def checkpoint_written(self):
+        self.dirs.written()
 
     def load_state_dict(self, state):
         from ..torch.zero.checkpoint import load_sharded
@@ -225,7 +242,7 @@ class Zero3(AllReduce):
             raise ConfigError("this checkpoint holds an unsharded model (--zero 0, 1 or 2); "
                               "--zero 3 resumes only its own sharded checkpoints")
         try:
-            load_sharded(self.shards, self.dirs.loading(state["zero3"]["dir"]), self.opt)
+            load_sharded(self.shards, self.dirs.path_of(state["zero3"]["dir"]), self.opt)
         except ValueError as e:
             raise _load_error(e) from None
         self.sched.load_state_dict(state["scheduler"])

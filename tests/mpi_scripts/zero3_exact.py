@@ -145,8 +145,8 @@ def run(case, TOL):
     print("[rank %d] ZERO3 %s opt=%s passes=%d units=%s prefetch=%s comp=%s vs_one_process=%.3g "
           "param_bytes=%d/%d peak_gathered=%d (largest unit %d) state_bytes=%d/%d%s"
           % (R, "FAIL" if fails else "OK", OPT, PASSES, "mid+rest" if UNITS else "per-layer",
-             PREFETCH, COMP, worst, pb["shard"], pb["full"], pb["peak_gathered"], pb["largest_unit"],
-             mine, full, "".join("\n  " + f for f in fails)), flush=True)
+             PREFETCH, COMP, worst, pb["shard"], pb["full"], pb["peak_gathered"],
+             pb["largest_unit"], mine, full, "".join("\n  " + f for f in fails)), flush=True)
     return fails
 
 

@@ -11,8 +11,8 @@ the same ranks: the next step (its learning rates halved through the
 wrapper's param_groups, as a scheduler does) is bit-identical, and within
 1e-6 relative when the optimizer cuts 2 buckets (loaded by resharding); then the refusals: another
 model, another parameter order (the optimizer's weights listed the other way
-round: other buckets), a missing rank file: a ValueError on every rank naming
-it, and no file changed. Resume: ranks 0-2 (stage 1), then ranks 0-1 (stage
+round: other buckets), a missing rank file, two rank files swapped: a
+ValueError on every rank naming it, and no file changed. Resume: ranks 0-2 (stage 1), then ranks 0-1 (stage
 2) load DIR into a fresh model and train steps 4-6: within 1e-5 relative of
 the reference. Prints 'CKPT OK' per rank, exits non-zero on any failure."""
 import os
@@ -124,6 +124,19 @@ def save():
                         lambda: load_sharded(fresh(1)[1], gone))
     if digest(gone) != before:
         fails.append("missing rank file: files changed")
+    swapped = DIR + ".swapped"  # rank 0's and rank 1's files trade places
+    if R == 0:
+        shutil.copytree(DIR, swapped, dirs_exist_ok=True)
+        a, b = (os.path.join(swapped, "rank-%05d-of-%05d.pt" % (r, N)) for r in (0, 1))
+        os.rename(a, a + ".x")
+        os.rename(b, a)
+        os.rename(a + ".x", b)
+    hvd.allreduce(torch.zeros(1), name="swapped")
+    before = digest(swapped)
+    zero_common.refused(fails, "swapped rank files", "holds rank 1 of %d of save" % N,
+                        lambda: load_sharded(fresh(1)[1], swapped))
+    if digest(swapped) != before:
+        fails.append("swapped rank files: files changed")
 
 
 def resume(n):

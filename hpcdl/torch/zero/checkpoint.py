@@ -47,7 +47,7 @@ def _atomic(path, write):
             os.fsync(f.fileno())
         os.replace(tmp, path)
         return None
-    except OSError as e:
+    except Exception as e:  # a full disk may surface as torch's RuntimeError: agree on it
         if os.path.exists(tmp):
             os.unlink(tmp)
         return "could not write %s: %s" % (path, e)
@@ -86,7 +86,8 @@ def save_sharded(shards, directory, optimizer=None, extra=None):
     manifest. extra: anything torch.save takes, per rank (returned by load)."""
     comm = shards.comm
     os.makedirs(directory, exist_ok=True)
-    part = {"format": FORMAT, "rank": comm.rank, "ranks": comm.size,
+    save = comm.bcast_object(os.urandom(8).hex())  # ties the rank files to their manifest
+    part = {"format": FORMAT, "rank": comm.rank, "ranks": comm.size, "save": save,
             "params": {n: p.detach().clone() for n, p, _, _ in shards.named_pieces()},
             "optimizer": _optimizer_part(shards, optimizer) if optimizer is not None else None,
             "extra": extra}
@@ -94,7 +95,7 @@ def save_sharded(shards, directory, optimizer=None, extra=None):
                     lambda f: torch.save(part, f))
     comm.raise_if_any(error, OSError)
     if comm.rank == 0:
-        manifest = dict(format=FORMAT, ranks=comm.size,
+        manifest = dict(format=FORMAT, ranks=comm.size, save=save,
                         files=[rank_file(r, comm.size) for r in range(comm.size)],
                         optimizer=_group_names(shards, optimizer), **layout_of(shards))
         error = _atomic(os.path.join(directory, MANIFEST),
@@ -154,8 +155,26 @@ def _same_units(manifest, shards):
         (list(u.names), list(u.counts)) for u in shards.units]
 
 
-def _read(directory, name):
-    return torch.load(os.path.join(directory, name), map_location="cpu", weights_only=True)
+def _read(directory, manifest, rank):
+    """Rank `rank`'s file, checked to be the one the manifest lists (the same
+    save, that rank): a file moved or copied in from elsewhere is a ValueError."""
+    name = manifest["files"][rank]
+    try:
+        part = torch.load(os.path.join(directory, name), map_location="cpu",
+                          weights_only=True)
+    except Exception as e:  # torch/zip/pickle errors of a damaged file
+        raise ValueError("sharded checkpoint %s: %s cannot be read (%s: %s)"
+                         % (directory, name, type(e).__name__,
+                            str(e).splitlines()[0][:120] if str(e) else "truncated?")) from None
+    part = part if isinstance(part, dict) else {}
+    got = (part.get("rank"), part.get("ranks"), part.get("save", manifest.get("save")))
+    if got != (rank, manifest["ranks"], manifest.get("save")):
+        raise ValueError("sharded checkpoint %s: %s holds rank %s of %s of save %s, the "
+                         "manifest expects rank %d of %d of save %s (a file moved, or copied "
+                         "from another save); put the right file back or resume from another "
+                         "checkpoint" % (directory, name, got[0], got[1], got[2], rank,
+                                         manifest["ranks"], manifest.get("save")))
+    return part
 
 
 def load_sharded(shards, directory, optimizer=None):
@@ -169,13 +188,10 @@ def load_sharded(shards, directory, optimizer=None):
         error = _mismatch(directory, manifest, shards, optimizer)
         if error is None:
             same = manifest["ranks"] == comm.size and _same_units(manifest, shards)
-            names = [rank_file(comm.rank, comm.size)] if same else manifest["files"]
-            parts = [_read(directory, n) for n in names]
+            ranks = [comm.rank] if same else range(manifest["ranks"])
+            parts = [_read(directory, manifest, r) for r in ranks]
     except ValueError as e:
         error = str(e)
-    except Exception as e:  # torch/zip errors of a damaged rank file
-        error = ("sharded checkpoint %s cannot be read (%s: %s)"
-                 % (directory, type(e).__name__, e))
     comm.raise_if_any(error, ValueError)
     if len(parts) == 1:
         _restore(shards, optimizer, lambda name, i, u: parts[0]["params"][name],
