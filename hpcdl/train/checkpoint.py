@@ -85,12 +85,11 @@ def _mismatch(path, state, meta):
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         return "%s is not an hpcdl train checkpoint (format %d)" % (path, FORMAT)
     old = state["meta"]
-    family = [m if m == "allreduce" else "ps" for m in (old.get("mode", meta["mode"]),
-                                                        meta["mode"])]
-    if family[0] != family[1]:  # their states differ: replicas vs a parameter server
+    was = old.get("mode", meta["mode"])  # checkpoints before the mode was recorded
+    if (was == "allreduce") != (meta["mode"] == "allreduce"):  # replicas vs a server's state
         return ("checkpoint %s was written by a run with --mode %s, this run has --mode %s; "
                 "an all-reduce and a parameter-server checkpoint hold different state: "
-                "resume with --mode %s" % (path, old["mode"], meta["mode"], old["mode"]))
+                "resume with --mode %s" % (path, was, meta["mode"], was))
     for key, flag in (("model", "--model"), ("hidden", "--hidden"), ("data", "--data"),
                       ("global_batch", "--global-batch"), ("optimizer", "--optimizer"),
                       ("seed", "--seed")):

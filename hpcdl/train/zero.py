@@ -84,11 +84,14 @@ class ShardDirs:
         comm.raise_if_any(error, ConfigError)
         return path
 
-
-def _load_error(e):
-    """A sharded checkpoint's ValueError (the same on every rank) as the trainer's."""
-    from .errors import ConfigError
-    return ConfigError(str(e))
+    def load(self, name, read):
+        """Collective: read(path of directory `name`); the loaders' ValueError
+        (raised on every rank alike) becomes the trainer's ConfigError."""
+        from .errors import ConfigError
+        try:
+            read(self.path_of(name))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 class Zero(AllReduce):
@@ -131,10 +134,7 @@ class Zero(AllReduce):
         if "zero12" not in state:
             self.opt.load_state_dict(state["optimizer"])
             return
-        try:
-            load_sharded(self.opt, self.dirs.path_of(state["zero12"]["dir"]))
-        except ValueError as e:
-            raise _load_error(e) from None
+        self.dirs.load(state["zero12"]["dir"], lambda path: load_sharded(self.opt, path))
 
 
 class Zero3(AllReduce):
@@ -241,10 +241,8 @@ class Zero3(AllReduce):
             from .errors import ConfigError
             raise ConfigError("this checkpoint holds an unsharded model (--zero 0, 1 or 2); "
                               "--zero 3 resumes only its own sharded checkpoints")
-        try:
-            load_sharded(self.shards, self.dirs.path_of(state["zero3"]["dir"]), self.opt)
-        except ValueError as e:
-            raise _load_error(e) from None
+        self.dirs.load(state["zero3"]["dir"],
+                       lambda path: load_sharded(self.shards, path, self.opt))
         self.sched.load_state_dict(state["scheduler"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
