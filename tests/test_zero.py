@@ -1,12 +1,13 @@
-"""test_zero.py - ZeRO stages 1 and 2 in DistributedOptimizer on 2 and 3
+"""test_zero.py - ZeRO stages 1 and 2 in DistributedOptimizer on 2, 3 and 4
 ranks: after several steps the parameters equal stage 0's on the same ranks
 (within 1e-6 relative) and one process's on the whole global batch (within
 1e-6), for SGD with momentum and nesterov, Adam, AdamW, LARS and LARC over
 uneven layer sizes (blocks cut layers; a 0-d parameter is smaller than the
 rank count), two parameter groups, a StepLR schedule, backward_passes_per_step,
-global-norm clipping, several buckets and fp16/bf16 compression (all cases
-of one rank count in one launch); each rank holds about 1/N of the
-optimizer-state bytes; the consolidated state_dict() equals stage 0's and
+global-norm clipping, dynamic loss scaling with an overflow on one shard,
+several buckets and fp16/bf16 compression (all cases of one rank count in
+one launch); each rank holds about 1/N of the optimizer-state bytes, and at
+stage 2 its gradient blocks plus a bounded number of full buckets; the consolidated state_dict() equals stage 0's and
 loads into a plain optimizer and a fresh ZeRO one; sharded checkpoints saved
 on 4 ranks resume on 3 and 2; `hpcdl train --zero 2` checkpoints one file per
 rank and resumes exactly, or resharded on fewer ranks; a bad zero_stage, sparse
@@ -47,22 +48,28 @@ def test_layout_covers_every_element_once(numels, n):
 
 # zero_exact.py's cases (STAGE:OPTIMIZER:PASSES[:flags]), all of one rank count in
 # one launch: every stage with SGD, Adam and LARS on 2 and 3 ranks; nesterov, AdamW
-# and LARC on 3; backward_passes_per_step 2 with global-norm clipping (LARS over 3
+# and LARC on 3; backward_passes_per_step 2 with global-norm clipping (LARS over 5
 # buckets on 3 ranks, Adam on 2); 16-bit gradients on 3 ranks at both stages alike
 # (there the 16-bit sums round in another order: fp16 6e-5, bf16 0 apart seen; the
-# cases take a 16-bit tolerance, 3e-3)
+# cases take a 16-bit tolerance, 3e-3); SGD, Adam and LARS at both stages on 4, and
+# stage 2 over 5 buckets (one per parameter), where the gradient bytes held during
+# backward are checked against ZERO2_IN_FLIGHT (check_grad_bytes); dynamic loss
+# scaling (the trainer's fp16 LossScaler) with an overflow in one rank's shard that
+# every rank must skip, on 2 ranks at both stages and LARS at stage 2 on 3
 EXACT_CASES = {
     2: ["%d:%s:1" % (s, o) for s in (1, 2) for o in ("sgd", "adam", "lars")]
-       + ["%d:adam:2:clip" % s for s in (1, 2)],
+       + ["%d:adam:2:clip" % s for s in (1, 2)] + ["%d:adam:1:scale" % s for s in (1, 2)],
     3: ["%d:%s:1" % (s, o) for s in (1, 2)
         for o in ("sgd", "adam", "lars", "nesterov", "adamw", "larc")]
        + ["%d:lars:2:clip:buckets" % s for s in (1, 2)]
-       + ["1:adam:1:bf16:buckets", "2:adam:1:fp16:buckets"],
+       + ["1:adam:1:bf16:buckets", "2:adam:1:fp16:buckets", "2:lars:1:scale"],
+    4: ["%d:%s:1" % (s, o) for s in (1, 2) for o in ("sgd", "adam", "lars")]
+       + ["2:sgd:1:buckets"],
 }
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_matches_stage0_and_one_process(n):
     cases = EXACT_CASES[n]
     r = run_python(n, os.path.join(SCRIPTS, "zero_exact.py"), timeout=240,
@@ -178,6 +185,8 @@ def test_bench_zero_rows_and_bytes(tmp_path):
         assert rows[name]["opt_state_bytes"] <= full["opt_state_bytes"] / 2 + 64, rows[name]
     for name in ("hpcdl-zero2", "hpcdl-zero3"):
         assert rows[name]["grad_bytes"] <= full["grad_bytes"] / 2 + 64, rows[name]
+    z2 = rows["hpcdl-zero2"]  # during backward: its blocks + the full buckets alive
+    assert z2["grad_bytes"] < z2["grad_peak_bytes"] <= z2["grad_bytes"] + full["grad_bytes"], z2
     assert rows["hpcdl-zero3"]["param_bytes"] <= full["param_bytes"] / 2 + 64
     assert 0 < rows["hpcdl-zero3"]["peak_gathered_bytes"] <= full["param_bytes"]
     for row in rows.values():

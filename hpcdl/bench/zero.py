@@ -104,9 +104,11 @@ def rss_bytes():
 class Impl:
     """One implementation: a model, its optimizer, and what to measure."""
 
-    def __init__(self, name, stage, model, opt, grads, params, whole=None, peak=None):
+    def __init__(self, name, stage, model, opt, grads, params, whole=None, peak=None,
+                 grad_peak=None):
         self.name, self.stage, self.model, self.opt = name, stage, model, opt
         self.grads, self.params, self.peak = grads, params, peak  # callables
+        self.grad_peak = grad_peak
         self.whole = whole or (lambda: [p.detach() for p in model.parameters()])
         self.rss_added = 0
 
@@ -125,7 +127,9 @@ def make_hpcdl(opts, stage):
     def grads():  # stage 2: the gradient blocks; p.grad is None between steps
         held = [p.grad for p in model.parameters()]
         return held + ([s.grad for s in opt._zero.shards] if stage == 2 else [])
-    return Impl("hpcdl-zero%d" % stage, stage, model, opt, grads, model.parameters)
+    peak = (lambda: opt._zero.grad_bytes()["peak"]) if stage == 2 else None
+    return Impl("hpcdl-zero%d" % stage, stage, model, opt, grads, model.parameters,
+                grad_peak=peak)
 
 
 def make_hpcdl3(opts):
@@ -223,6 +227,7 @@ def one_pass(opts, gloo_ok, data, mpi):
             stage=impl.stage,
             samples_per_s=opts.batch * mpi.size / statistics.median(times[impl.name]),
             opt_state_bytes=mx(sb), grad_bytes=mx(tensor_bytes(impl.grads())),
+            grad_peak_bytes=mx(impl.grad_peak()) if impl.grad_peak else None,
             param_bytes=mx(tensor_bytes(impl.params())),
             peak_gathered_bytes=mx(impl.peak()) if impl.peak else None,
             rss_added_bytes=impl.rss_added,
@@ -243,7 +248,8 @@ def summarize(reps):
         got = [r[name] for r in reps]
         row = dict(got[0], impl=name)
         row["samples_per_s"] = statistics.median(g["samples_per_s"] for g in got)
-        for key in ("rss_added_bytes", "max_rel_diff", "peak_gathered_bytes"):
+        for key in ("rss_added_bytes", "max_rel_diff", "peak_gathered_bytes",
+                    "grad_peak_bytes"):
             vals = [g[key] for g in got if g[key] is not None]
             row[key] = max(vals) if vals else None
         base = "hpcdl-zero0" if "hpcdl-zero0" in reps[0] else None
@@ -266,15 +272,18 @@ def _x(v):
 
 
 def print_table(rows, say):
-    say("# %-22s %5s %10s %8s %8s %10s %10s %10s %10s %9s %12s"
+    say("# %-22s %5s %10s %8s %8s %10s %10s %10s %10s %10s %9s %12s"
         % ("impl", "stage", "samples/s", "vs zero0", "vs torch", "opt MiB", "grads MiB",
-           "params MiB", "gath. MiB", "RSS+ MiB", "max rel diff"))
+           "grad pk MiB", "params MiB", "gath. MiB", "RSS+ MiB", "max rel diff"))
     for r in rows:
-        say("  %-22s %5d %10.1f %8s %8s %10s %10s %10s %10s %9s %12.3g"
+        say("  %-22s %5d %10.1f %8s %8s %10s %10s %10s %10s %10s %9s %12.3g"
             % (r["impl"], r["stage"], r["samples_per_s"], _x(r["vs_zero0"]), _x(r["vs_torch"]),
-               _mib(r["opt_state_bytes"]), _mib(r["grad_bytes"]), _mib(r["param_bytes"]),
-               _mib(r["peak_gathered_bytes"]), _mib(r["rss_added_bytes"]), r["max_rel_diff"]))
-    say("# MiB per rank (the largest rank's) between steps; gath.: hpcdl stage 3's most "
+               _mib(r["opt_state_bytes"]), _mib(r["grad_bytes"]), _mib(r.get("grad_peak_bytes")),
+               _mib(r["param_bytes"]), _mib(r["peak_gathered_bytes"]),
+               _mib(r["rss_added_bytes"]), r["max_rel_diff"]))
+    say("# MiB per rank (the largest rank's) between steps; grad pk: hpcdl stage 2's most "
+        "gradient bytes alive at once during backward (its blocks + full buckets filling or "
+        "in flight); gath.: hpcdl stage 3's most "
         "gathered parameter bytes alive at once during a step; RSS+: resident memory the "
         "implementation's build and warm-up added; vs torch: hpcdl stage s / the PyTorch "
         "row of the same stage; max rel diff: parameters at the end against the first row")

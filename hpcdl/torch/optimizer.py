@@ -37,6 +37,8 @@ from .compression import compress
 from . import _join, zero as _zero
 
 FIRST_BUCKET_BYTES = 1 << 20
+# ZeRO stage 2: full gradient buckets in flight at once (more wait in backward)
+ZERO2_IN_FLIGHT = 2
 _numbers = itertools.count(1)
 
 
@@ -183,7 +185,7 @@ class DistributedOptimizer(OptimizerWrapper):
             self._t_backward = comm.wtime()
         b, i = self._bucket_of[p]
         if b.buffer is None:  # ZeRO stage 2: the first gradient of the bucket this step
-            b.allocate()
+            self._zero.allocate(b)
         if self._zero is not None and p.grad.is_sparse:
             raise RuntimeError("zero_stage=%d does not support sparse gradients (%s); use "
                                "zero_stage=0" % (self.zero_stage, self._names[p]))
@@ -221,7 +223,7 @@ class DistributedOptimizer(OptimizerWrapper):
     def _submit(self, b):
         b.t_submit = comm.wtime()
         if b.buffer is None:  # ZeRO stage 2: no gradient in this bucket at all
-            b.allocate()
+            self._zero.allocate(b)
         if b.ready < len(b.params):  # sent by synchronize(), not by its last hook
             b.t_ready = b.t_submit
             for p, v in zip(b.params, b.views):
@@ -240,6 +242,22 @@ class DistributedOptimizer(OptimizerWrapper):
             b.handle = self._comm.allreduce_async(b.sent, op=self._op,
                                                   name="bucket.%d" % b.index)
         b.t_submitted = comm.wtime()
+        if self.zero_stage == 2:
+            self._retire_reduced()
+
+    def _retire_reduced(self):
+        """ZeRO stage 2, during backward: each submitted bucket whose
+        reduce-scatter is done keeps its block and frees its full buffer now,
+        not at step(). Beyond ZERO2_IN_FLIGHT reduce-scatters in flight the
+        oldest is waited for, so a rank holds its gradient blocks plus at most
+        that many full buckets and the one filling (the engine runs them in
+        submission order, so the oldest finishes first)."""
+        in_flight = [b for b in self._buckets[:self._next_submit + 1] if b.handle is not None]
+        tl = _timeline.active()
+        for left, b in zip(range(len(in_flight), 0, -1), in_flight):
+            if left <= ZERO2_IN_FLIGHT and not b.handle.poll():
+                return
+            self._finish(b, tl)
 
     # ------------------------------------------------------------- step side
     def synchronize(self):
@@ -255,20 +273,8 @@ class DistributedOptimizer(OptimizerWrapper):
             tl.span("backward", "backward", self._t_backward,
                     max(b.t_ready for b in self._buckets))
         for b in self._buckets:
-            t_wait = comm.wtime()
-            b.handle.wait()
-            t_done = comm.wtime()
-            if self.zero_stage == 2:
-                self._zero.finish_reduce(b, b.ctx, self._predivide)
-            else:
-                self._unpack(b)
-            if tl is not None:
-                row = "bucket.%d" % b.index
-                tl.span(row, "pack", b.t_ready, b.t_submitted, params=len(b.params))
-                tl.span(row, "wait", t_wait, t_done)
-                tl.span(row, "unpack", t_done, comm.wtime())
-            b.handle = b.sent = b.ctx = None
-            b.ready = 0
+            if b.handle is not None:  # not retired during backward (ZeRO stage 2)
+                self._finish(b, tl)
         if self._join_round is not None:
             self._join_round.wait()
             self._join_round = None
@@ -284,6 +290,24 @@ class DistributedOptimizer(OptimizerWrapper):
         self._synchronized = True
         if self._zero is not None:
             self._zero.attach_grads()
+
+    def _finish(self, b, tl):
+        """Waits for bucket b's all-reduce (reduce-scatter at stage 2) and
+        undoes compression and scaling: into b's buffer, or this rank's block."""
+        t_wait = comm.wtime()
+        b.handle.wait()
+        t_done = comm.wtime()
+        if self.zero_stage == 2:
+            self._zero.finish_reduce(b, b.ctx, self._predivide)
+        else:
+            self._unpack(b)
+        if tl is not None:
+            row = "bucket.%d" % b.index
+            tl.span(row, "pack", b.t_ready, b.t_submitted, params=len(b.params))
+            tl.span(row, "wait", t_wait, t_done)
+            tl.span(row, "unpack", t_done, comm.wtime())
+        b.handle = b.sent = b.ctx = None
+        b.ready = 0
 
     def join_answer(self, op):
         """For join() on a rank that has joined: queues every bucket's

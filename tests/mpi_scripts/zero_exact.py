@@ -1,9 +1,13 @@
 """zero_exact.py - run under mpirun: DistributedOptimizer(zero_stage=1|2)
 equals stage 0 on the same ranks and one process on the whole global batch.
 
-argv: TOL CASE... with CASE = STAGE:OPTIMIZER:PASSES[:clip][:buckets][:fp16|:bf16]
+argv: TOL CASE... with CASE = STAGE:OPTIMIZER:PASSES[:clip][:scale][:buckets][:fp16|:bf16]
 (STAGE 1|2; OPTIMIZER sgd|nesterov|adam|adamw|lars|larc; clip: global-norm
-clipping across shards; buckets: 3 buckets instead of one; fp16|bf16: the
+clipping across shards; scale: a dynamic loss scale (the trainer's fp16
+LossScaler) over the gradients this rank steps from, an inf put into one
+gradient element on the last rank at step 2, so that only the rank whose shard
+holds it sees it and every rank must skip that step and halve the scale, as
+the one process does; buckets: 5 buckets instead of one; fp16|bf16: the
 gradients compressed at both stages, tolerance 3e-3 and at least 1e-5 from
 float32), all cases in one launch. The model has uneven sizes on purpose
 (13x7 weights, a 3-element bias, a 0-d scalar: layers smaller than the rank
@@ -14,6 +18,7 @@ process on all B samples. Also: optimizer-state bytes per rank, the
 consolidated state_dict() against stage 0's, loading it into a plain torch
 optimizer and into a fresh ZeRO optimizer that then steps like the original.
 Prints 'ZERO OK ...' per rank and case; exits non-zero on any failure."""
+import contextlib
 import copy
 import sys
 from dataclasses import dataclass
@@ -23,7 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hpcdl.torch as hvd
-from hpcdl import optim as hoptim
+from hpcdl import comm, optim as hoptim
+from hpcdl.train.precision import LossScaler
 
 B, STEPS = 24, 6
 hvd.init()
@@ -36,7 +42,8 @@ class Case:
     opt: str
     passes: int
     clip: bool
-    groups: object   # 3 buckets, or None: one
+    scale: bool      # loss scaling with an overflow at step 2 (PASSES 1)
+    groups: object   # 5 buckets (one per parameter), or None: one
     comp: str        # none | fp16 | bf16, at both stages
     tol: float       # against one process
 
@@ -44,8 +51,8 @@ class Case:
     def parse(cls, text, tol):
         stage, opt, passes, *flags = text.split(":")
         comp = ([f for f in flags if f in ("fp16", "bf16")] or ["none"])[0]
-        return cls(int(stage), opt, int(passes), "clip" in flags,
-                   3 if "buckets" in flags else None, comp,
+        return cls(int(stage), opt, int(passes), "clip" in flags, "scale" in flags,
+                   5 if "buckets" in flags else None, comp,
                    tol if comp == "none" else max(tol, 3e-3))
 
 
@@ -86,11 +93,19 @@ def make_dist(c, model, stage):
     return dist, torch.optim.lr_scheduler.StepLR(dist, step_size=2, gamma=0.5)
 
 
-def train_step(c, model, opt, sched, x, y, passes):
+def train_step(c, model, opt, sched, x, y, passes, scaler=None):
     opt.zero_grad()
     for xs, ys in zip(x.chunk(passes), y.chunk(passes)):
-        (F.cross_entropy(model(xs), ys) / passes).backward()
-    if not c.clip:
+        loss = F.cross_entropy(model(xs), ys) / passes
+        (scaler.scale_loss(loss) if scaler else loss).backward()
+    if scaler is not None:  # as hpcdl train --precision fp16 does
+        dist = hasattr(opt, "synchronize")
+        if dist:
+            opt.synchronize()
+        if scaler.unscale_and_check(opt.local_parameters() if dist else model.parameters()):
+            with opt.skip_synchronize() if dist else contextlib.nullcontext():
+                opt.step()
+    elif not c.clip:
         opt.step()
     elif hasattr(opt, "clip_grad_norm_"):
         opt.synchronize()
@@ -124,16 +139,65 @@ def train(c, fails):
     zero, zsched = make_dist(c, models["zero"], c.stage)
     plain, psched = make_dist(c, models["plain"], 0)
     ref, rsched = make_opt(c, models["ref"])
+    scalers, poison = overflow_at_step_2(c, models)
     per = B // N
     for s in range(STEPS):
+        poison[0] = s == 2
         x, y = X[s, R * per:(R + 1) * per], Y[s, R * per:(R + 1) * per]
-        train_step(c, models["zero"], zero, zsched, x, y, c.passes)
-        train_step(c, models["plain"], plain, psched, x, y, c.passes)
-        train_step(c, models["ref"], ref, rsched, X[s], Y[s], 1)
+        train_step(c, models["zero"], zero, zsched, x, y, c.passes, scalers.get("zero"))
+        train_step(c, models["plain"], plain, psched, x, y, c.passes, scalers.get("plain"))
+        train_step(c, models["ref"], ref, rsched, X[s], Y[s], 1, scalers.get("ref"))
         if c.stage == 2 and any(p.grad is not None for p in models["zero"].parameters()):
             fails.append("stage 2 left a full p.grad after step")
+    if c.stage == 2:
+        check_grad_bytes(c, zero, fails)
+    for k, sc in scalers.items():
+        if (sc.skipped, sc.scale) != (1, 2.0 ** 7):
+            fails.append("loss scale (%s): %d steps skipped, scale %g; want 1 and 128"
+                         % (k, sc.skipped, sc.scale))
     models["initial"] = initial
     return models, zero, plain, (X, Y)
+
+
+def overflow_at_step_2(c, models):
+    """Case `scale`: a LossScaler per copy (the distributed ones agree on
+    overflow over ranks) and a gradient hook putting inf into fc2.bias[0] while
+    poison[0] is set: on the last rank of the distributed copies, and in the
+    one process (whose batch holds every rank's)."""
+    poison = [False]
+    if not c.scale:
+        return {}, poison
+
+    def inf_at_0(g):
+        if not poison[0]:
+            return g
+        g = g.clone()
+        g[0] = float("inf")
+        return g
+    scalers = {}
+    for k, m in models.items():
+        scalers[k] = LossScaler(init_scale=2.0 ** 8, agree=None if k == "ref" else comm.any_rank)
+        if k == "ref" or R == N - 1:
+            m.fc2.bias.register_hook(inf_at_0)
+    return scalers, poison
+
+
+def check_grad_bytes(c, zero, fails):
+    """Stage 2 holds its gradient blocks between steps, and during backward
+    at most ZERO2_IN_FLIGHT full buckets in flight plus those filling (one,
+    or two where hooks of adjacent buckets interleave), each with its 16-bit
+    copy when compressed; a bucket held until step() breaks the bound with 5.
+    With backward_passes_per_step > 1 every bucket accumulates locally until
+    its last pass, so the whole gradient is held then."""
+    from hpcdl.torch.optimizer import ZERO2_IN_FLIGHT
+    got = zero._zero.grad_bytes()
+    sizes = sorted(b.numel * 4 for b in zero._buckets)
+    shard = sum(s.count * 4 for s in zero._zero.shards)
+    held = sizes if c.passes > 1 else sizes[-(ZERO2_IN_FLIGHT + 2):]
+    bound = shard + sum(held) * (1.5 if c.comp != "none" else 1)
+    if got["shard"] != shard or got["peak"] > bound or got["peak"] <= shard:
+        fails.append("stage 2 gradient bytes: shard %d (expected %d), peak %d (bound %d)"
+                     % (got["shard"], shard, got["peak"], bound))
 
 
 def check_params(c, models, fails):
@@ -190,9 +254,9 @@ def run(c):
     models, zero, plain, data = train(c, fails)
     vs_plain, vs_ref = check_params(c, models, fails)
     mine, full = check_state(c, models, zero, plain, data, fails)
-    print("[rank %d] ZERO %s stage=%d opt=%s passes=%d clip=%s buckets=%s comp=%s "
+    print("[rank %d] ZERO %s stage=%d opt=%s passes=%d clip=%s scale=%s buckets=%s comp=%s "
           "vs_stage0=%.3g vs_one_process=%.3g state_bytes=%d/%d (%.3f of unsharded)%s"
-          % (R, "FAIL" if fails else "OK", c.stage, c.opt, c.passes, c.clip, c.groups or 1,
+          % (R, "FAIL" if fails else "OK", c.stage, c.opt, c.passes, c.clip, c.scale, c.groups or 1,
              c.comp, vs_plain, vs_ref, mine, full, mine / full if full else 0,
              "".join("\n  " + f for f in fails)), flush=True)
     return fails

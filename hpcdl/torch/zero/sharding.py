@@ -14,8 +14,10 @@ bucket's updated blocks are all-gathered back into the parameters in place.
     stage 2   each bucket is reduce-scattered as it fills (async, in bucket
               order, overlapped with backward like stage 0's all-reduce);
               the rank keeps only its block of the averaged gradient, the
-              full bucket is freed once the reduce-scatter is done, and the
-              model's p.grad is None after backward.
+              full bucket is freed once its reduce-scatter is done (checked
+              as later buckets are submitted; DistributedOptimizer waits for
+              the oldest beyond ZERO2_IN_FLIGHT), and the model's p.grad is
+              None after backward.
 
 LARS and LARC take per-layer norms of a whole layer: a split layer's norms
 are summed over every rank's piece (norms.py) before the wrapped step.
@@ -75,6 +77,7 @@ class Sharding:
                 s.grad = s.bucket.buffer[s.lo:s.lo + s.count]
             else:
                 s.grad = torch.zeros(s.count, dtype=s.dtype, device=s.device)
+        self.peak_full_bytes = 0  # stage 2: see grad_bytes()
         self.piece_of = {}  # piece tensor -> (model parameter, Piece)
         for s in self.shards:
             for c, t in zip(s.pieces, s.tensors):
@@ -96,6 +99,31 @@ class Sharding:
         return [t for s in self.shards for t in s.tensors]
 
     # ------------------------------------------------------------ stage 2
+    def allocate(self, b):
+        """Bucket b's full buffer for this step (from its first gradient
+        until its reduce-scatter is done)."""
+        b.allocate()
+        self._count_full_bytes()
+
+    def _count_full_bytes(self):
+        """Keeps the most bytes of full gradient buckets alive at once (being
+        filled, or in flight with their compressed copies): grad_bytes()'s peak."""
+        live = 0
+        for b in self.opt._buckets:
+            if b.buffer is not None:
+                live += b.buffer.numel() * b.buffer.element_size()
+            if b.sent is not None and b.sent is not b.buffer:  # fp16/bf16 copy in flight
+                live += b.sent.numel() * b.sent.element_size()
+        self.peak_full_bytes = max(self.peak_full_bytes, live)
+
+    def grad_bytes(self):
+        """Stage 2's gradient bytes on this rank: `shard` (its blocks, held
+        between steps) and `peak` (the blocks plus the most full buckets that
+        were alive at once during a backward: DistributedOptimizer keeps at most
+        ZERO2_IN_FLIGHT in flight and one filling)."""
+        shard = sum(s.grad.numel() * s.grad.element_size() for s in self.shards)
+        return {"shard": shard, "peak": shard + self.peak_full_bytes}
+
     def start_reduce(self, b, sent):
         """Queues bucket b's reduce-scatter of `sent` (the compressed buffer);
         the model's gradients of b are spent, so p.grad goes to None."""
@@ -106,6 +134,7 @@ class Sharding:
                                            name="bucket.%d" % b.index)
         for p in b.params:
             p.grad = None
+        self._count_full_bytes()
         return h
 
     def finish_reduce(self, b, ctx, predivide):
