@@ -143,9 +143,10 @@ def make_hpcdl3(opts):
         out = [p.detach().clone() for p in model.parameters()]
         shards.reshard()
         return out
-    return Impl("hpcdl-zero3", 3, model, opt, lambda: [p.grad for p in model.parameters()],
-                lambda: list(model.parameters()), whole,
-                lambda: shards.param_bytes()["peak_gathered"])
+    grads = lambda: [p.grad for p in model.parameters()]  # noqa: E731 - the pieces'
+    return Impl("hpcdl-zero3", 3, model, opt, grads, lambda: list(model.parameters()), whole,
+                lambda: shards.param_bytes()["peak_gathered"],
+                lambda: tensor_bytes(grads()) + shards.grad_bytes()["peak_reducing"])
 
 
 def make_ddp(opts, sharded):
@@ -281,9 +282,9 @@ def print_table(rows, say):
                _mib(r["opt_state_bytes"]), _mib(r["grad_bytes"]), _mib(r.get("grad_peak_bytes")),
                _mib(r["param_bytes"]), _mib(r["peak_gathered_bytes"]),
                _mib(r["rss_added_bytes"]), r["max_rel_diff"]))
-    say("# MiB per rank (the largest rank's) between steps; grad pk: hpcdl stage 2's most "
-        "gradient bytes alive at once during backward (its blocks + full buckets filling or "
-        "in flight); gath.: hpcdl stage 3's most "
+    say("# MiB per rank (the largest rank's) between steps; grad pk: hpcdl stages 2 and 3, "
+        "the most gradient bytes they held at once during backward (the blocks + full "
+        "buckets or units filling or in their reduce-scatter); gath.: hpcdl stage 3's most "
         "gathered parameter bytes alive at once during a step; RSS+: resident memory the "
         "implementation's build and warm-up added; vs torch: hpcdl stage s / the PyTorch "
         "row of the same stage; max rel diff: parameters at the end against the first row")

@@ -35,10 +35,9 @@ from ..optim.wrapper import OptimizerWrapper
 from ..trace import timeline as _timeline
 from .compression import compress
 from . import _join, zero as _zero
+from .zero.layout import REDUCE_IN_FLIGHT
 
 FIRST_BUCKET_BYTES = 1 << 20
-# ZeRO stage 2: full gradient buckets in flight at once (more wait in backward)
-ZERO2_IN_FLIGHT = 2
 _numbers = itertools.count(1)
 
 
@@ -248,14 +247,14 @@ class DistributedOptimizer(OptimizerWrapper):
     def _retire_reduced(self):
         """ZeRO stage 2, during backward: each submitted bucket whose
         reduce-scatter is done keeps its block and frees its full buffer now,
-        not at step(). Beyond ZERO2_IN_FLIGHT reduce-scatters in flight the
+        not at step(). Beyond REDUCE_IN_FLIGHT reduce-scatters in flight the
         oldest is waited for, so a rank holds its gradient blocks plus at most
         that many full buckets and the one filling (the engine runs them in
         submission order, so the oldest finishes first)."""
         in_flight = [b for b in self._buckets[:self._next_submit + 1] if b.handle is not None]
         tl = _timeline.active()
         for left, b in zip(range(len(in_flight), 0, -1), in_flight):
-            if left <= ZERO2_IN_FLIGHT and not b.handle.poll():
+            if left <= REDUCE_IN_FLIGHT and not b.handle.poll():
                 return
             self._finish(b, tl)
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import hpcdl.torch as hvd
 from hpcdl import optim as hoptim
+from hpcdl.torch.zero.layout import REDUCE_IN_FLIGHT
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -142,6 +143,16 @@ def run(case, TOL):
     if pb["peak_gathered"] > 3 * pb["largest_unit"]:
         fails.append("peak gathered %d > 3 x largest unit %d" % (pb["peak_gathered"],
                                                                  pb["largest_unit"]))
+    # full gradients held by their reduce-scatters: the REDUCE_IN_FLIGHT + 1 largest
+    # of one backward's (mid's twice), not all five: each is freed once it is done
+    mid = sum(p.numel() for p in ref_model.mid.parameters())
+    sizes = sorted([u.numel for u in shards.units] + [mid])
+    wire = 4 if COMP == "none" else 2
+    bound = wire * sum(sizes[-(REDUCE_IN_FLIGHT + 1):])
+    reducing = shards.grad_bytes()["peak_reducing"]
+    if not 0 < reducing <= bound:
+        fails.append("full gradients in reduce-scatters at once: %d bytes, bound %d"
+                     % (reducing, bound))
     print("[rank %d] ZERO3 %s opt=%s passes=%d units=%s prefetch=%s comp=%s vs_one_process=%.3g "
           "param_bytes=%d/%d peak_gathered=%d (largest unit %d) state_bytes=%d/%d%s"
           % (R, "FAIL" if fails else "OK", OPT, PASSES, "mid+rest" if UNITS else "per-layer",

@@ -184,16 +184,16 @@ def overflow_at_step_2(c, models):
 
 def check_grad_bytes(c, zero, fails):
     """Stage 2 holds its gradient blocks between steps, and during backward
-    at most ZERO2_IN_FLIGHT full buckets in flight plus those filling (one,
+    at most REDUCE_IN_FLIGHT full buckets in flight plus those filling (one,
     or two where hooks of adjacent buckets interleave), each with its 16-bit
     copy when compressed; a bucket held until step() breaks the bound with 5.
     With backward_passes_per_step > 1 every bucket accumulates locally until
     its last pass, so the whole gradient is held then."""
-    from hpcdl.torch.optimizer import ZERO2_IN_FLIGHT
+    from hpcdl.torch.zero.layout import REDUCE_IN_FLIGHT
     got = zero._zero.grad_bytes()
     sizes = sorted(b.numel * 4 for b in zero._buckets)
     shard = sum(s.count * 4 for s in zero._zero.shards)
-    held = sizes if c.passes > 1 else sizes[-(ZERO2_IN_FLIGHT + 2):]
+    held = sizes if c.passes > 1 else sizes[-(REDUCE_IN_FLIGHT + 2):]
     bound = shard + sum(held) * (1.5 if c.comp != "none" else 1)
     if got["shard"] != shard or got["peak"] > bound or got["peak"] <= shard:
         fails.append("stage 2 gradient bytes: shard %d (expected %d), peak %d (bound %d)"

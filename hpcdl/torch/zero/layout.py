@@ -15,6 +15,11 @@ A Piece is one parameter's part of one rank's block: flat indices
 """
 from dataclasses import dataclass
 
+# full-size gradient reduce-scatters a rank keeps in flight during backward
+# (stage 2's buckets, stage 3's units): each finished one frees its full
+# buffer at once, and beyond this many the oldest is waited for in backward
+REDUCE_IN_FLIGHT = 2
+
 
 def block_counts(numel, size):
     """Elements of each rank's block: an even split, the first numel % size

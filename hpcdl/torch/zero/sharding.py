@@ -16,7 +16,7 @@ bucket's updated blocks are all-gathered back into the parameters in place.
               the rank keeps only its block of the averaged gradient, the
               full bucket is freed once its reduce-scatter is done (checked
               as later buckets are submitted; DistributedOptimizer waits for
-              the oldest beyond ZERO2_IN_FLIGHT), and the model's p.grad is
+              the oldest beyond REDUCE_IN_FLIGHT), and the model's p.grad is
               None after backward.
 
 LARS and LARC take per-layer norms of a whole layer: a split layer's norms
@@ -120,7 +120,7 @@ class Sharding:
         """Stage 2's gradient bytes on this rank: `shard` (its blocks, held
         between steps) and `peak` (the blocks plus the most full buckets that
         were alive at once during a backward: DistributedOptimizer keeps at most
-        ZERO2_IN_FLIGHT in flight and one filling)."""
+        REDUCE_IN_FLIGHT in flight and one filling)."""
         shard = sum(s.grad.numel() * s.grad.element_size() for s in self.shards)
         return {"shard": shard, "peak": shard + self.peak_full_bytes}
 

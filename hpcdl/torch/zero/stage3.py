@@ -39,7 +39,8 @@ Every collective goes through the engine (queued, waited later), so
 prefetches, gathers and reduce-scatters keep one order on every rank. Peak
 parameter memory per rank: the 1/N blocks plus the gathered units alive at
 once (the running one, the prefetched one); in backward also the full
-gradients whose reduce-scatter is in flight.
+gradients whose reduce-scatter is in flight: each is freed as soon as it is
+done, and beyond REDUCE_IN_FLIGHT (2) the oldest is waited for in backward.
 
 Not supported (refused or documented): parameters shared by two units (tied
 weights across units: put both modules in one unit), GPU parameters (the
@@ -53,7 +54,7 @@ import torch
 import torch.nn as nn
 
 from . import norms
-from .layout import block_counts, pieces_of
+from .layout import REDUCE_IN_FLIGHT, block_counts, pieces_of
 
 
 # ---------------------------------------------------------------- one unit
@@ -165,12 +166,17 @@ class _Unit:
         h = self.owner.comm.reduce_scatter_async(sent, block, counts=self.counts,
                                                  op="average",
                                                  name="zero3.reduce.%d" % self.index)
-        return h, (block, ctx)
+        # the handle keeps what it sends (the full gradient, or its 16-bit copy)
+        nbytes = sent.numel() * sent.element_size()
+        self.owner.account_grad(nbytes)
+        return h, (block, ctx, nbytes)
 
     @torch.no_grad()
     def finish_reduce(self, handle, sent):
         handle.wait()
-        block = self.owner.compression.decompress(*sent)
+        block, ctx, nbytes = sent
+        self.owner.account_grad(-nbytes)
+        block = self.owner.compression.decompress(block, ctx)
         for piece, (a, n) in zip(self.pieces, self.spans):
             if piece.grad is None:
                 piece.grad = block[a:a + n]
@@ -219,8 +225,10 @@ class ShardedModel:
         self.compression = compression  # of the gradients' reduce-scatter
         self.sharded = True       # False between unshard() and reshard()
         self.live_bytes = self.peak_bytes = 0  # gathered (full) parameter bytes
+        self.grad_live = self.grad_peak = 0    # full gradients in their reduce-scatter
         self.order, self._trace = [], []       # units in forward order
         self.pending = []         # (unit, handle, block): reduce-scatters of this backward
+        self.callback_queued = False  # _backward_done queued for this backward
         self.units = _make_units(self, model, units)
         for u in self.units:
             u.fill_slots(u.pieces)
@@ -232,6 +240,10 @@ class ShardedModel:
     def account(self, nbytes):
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def account_grad(self, nbytes):
+        self.grad_live += nbytes
+        self.grad_peak = max(self.grad_peak, self.grad_live)
 
     # ------------------------------------------------------------ hooks
     def _pre_forward(self, u):
@@ -278,22 +290,35 @@ class ShardedModel:
 
     def reduce_later(self, unit, handle, block):
         """Called in backward: the first one queues _backward_done to run when
-        autograd has finished this backward."""
-        if not self.pending:
+        autograd has finished this backward. Reduce-scatters that are done
+        add their block to the pieces' .grad now, freeing the unit's full
+        gradient; beyond REDUCE_IN_FLIGHT the oldest is waited for here (the
+        engine runs them in the order queued, so the oldest finishes first)."""
+        if not self.callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+            self.callback_queued = True
         self.pending.append((unit, handle, block))
+        while self.pending:
+            unit, handle, block = self.pending[0]
+            if len(self.pending) <= REDUCE_IN_FLIGHT and not handle.poll():
+                break
+            self.pending.pop(0)
+            unit.finish_reduce(handle, block)
 
     def _backward_done(self):
         pending, self.pending = self.pending, []
+        self.callback_queued = False
         for unit, handle, block in pending:
             unit.finish_reduce(handle, block)
 
     def _model_starts(self, module, args):
         for u in self.units:  # re-gathers of a backward that never reached them
             u.drop_backward_prefetch()
-        for _, handle, _ in self.pending:  # a backward that raised before its callback
+        for _, handle, block in self.pending:  # a backward that raised before its callback
             handle.wait()
+            self.account_grad(-block[2])
         self.pending = []
+        self.callback_queued = False
 
     def _model_done(self, module, args, output):
         if self._trace and not self.order:  # the first forward sets the order
@@ -405,6 +430,13 @@ class ShardedModel:
                 "full": sum(u.numel * e for u, e in zip(self.units, es)),
                 "largest_unit": max((u.numel * e for u, e in zip(self.units, es)), default=0),
                 "peak_gathered": self.peak_bytes}
+
+    def grad_bytes(self):
+        """{'peak_reducing': the most bytes of full unit gradients (or their
+        16-bit copies) held at once by their reduce-scatters so far}: at most
+        REDUCE_IN_FLIGHT + 1 units' (the one just queued, before the oldest
+        is retired)."""
+        return {"peak_reducing": self.grad_peak}
 
 
 def _on_outputs(output, hook):
