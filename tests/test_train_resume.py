@@ -1,5 +1,6 @@
 """test_train_resume.py - the trainer's checkpoints on 2 real ranks: a run
-stopped by SIGUSR1 or SIGTERM checkpoints and exits 0, and --resume ends with
+stopped by SIGUSR1 or SIGTERM (to a rank, or to `hpcdl train -n 2` itself,
+which passes it on) checkpoints and exits 0, and --resume ends with
 exactly the parameters of a run that never stopped (LARS, warmup + poly decay,
 fp16 with loss scaling, top-k compression: every piece of state matters);
 damaged or foreign checkpoints fail on every rank; a kill during a save
@@ -40,9 +41,11 @@ def uninterrupted(tmp_path_factory):
 
 def _start_then_signal(out, ckpt, signum, rank_index, recipe=RECIPE):
     """Starts the recipe on 2 ranks; once epoch 1 is reported, sends signum to
-    one rank process. Returns (exit code, output)."""
-    line = mpirun_command(2, TRAIN + recipe + ["--out", str(out), "--checkpoint-dir",
-                                               str(ckpt)])
+    one rank process, or (rank_index None) to `hpcdl train -n 2` itself, the
+    launching process. Returns (exit code, output)."""
+    args = recipe + ["--out", str(out), "--checkpoint-dir", str(ckpt)]
+    line = mpirun_command(2, TRAIN + args) if rank_index is not None else \
+        TRAIN + ["-n", "2"] + args
     proc = subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=mpi_env(), cwd=REPO, start_new_session=True)
     try:
@@ -50,26 +53,40 @@ def _start_then_signal(out, ckpt, signum, rank_index, recipe=RECIPE):
         while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
             assert time.monotonic() < deadline and proc.poll() is None, "no epoch reported"
             time.sleep(0.05)
-        ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                               text=True).stdout.split()
-        assert len(ranks) == 2, ranks
-        os.kill(int(sorted(ranks, key=int)[rank_index]), signum)
+        if rank_index is None:
+            os.kill(proc.pid, signum)
+        else:
+            ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                   text=True).stdout.split()
+            assert len(ranks) == 2, ranks
+            os.kill(int(sorted(ranks, key=int)[rank_index]), signum)
         out_text, _ = proc.communicate(timeout=120)
+        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True,
+                              text=True).stdout.split()
+        assert not left, "processes of the job outlived it: %s" % left
     finally:
-        if proc.poll() is None:
+        try:  # whatever of the job is left, the launcher gone or not
             os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if proc.poll() is None:
             proc.communicate()
     return proc.returncode, out_text
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("signum,rank_index", [(signal.SIGUSR1, 1), (signal.SIGTERM, 0)])
+@pytest.mark.parametrize("signum,rank_index", [(signal.SIGUSR1, 1), (signal.SIGTERM, 0),
+                                               (signal.SIGTERM, None)])
 def test_signal_checkpoints_and_resume_matches_uninterrupted(tmp_path, uninterrupted,
                                                              signum, rank_index):
+    # a rank signalled (as Slurm does), or `hpcdl train -n 2` itself (kill PID): its
+    # SIGTERM reaches the ranks as SIGUSR1, since mpirun would end the job on SIGTERM
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     code, text = _start_then_signal(out, ckpt, signum, rank_index)
-    name = signal.Signals(signum).name
+    name = signal.Signals(signum if rank_index is not None else signal.SIGUSR1).name
     assert code == 0 and "stopped by %s at epoch" % name in text, text
+    if rank_index is None:
+        assert "SIGTERM passed on to the ranks as SIGUSR1" in text, text
     assert (ckpt / "checkpoint.pt").exists() and not (out / "summary.json").exists()
     assert not [p for p in os.listdir(ckpt) if p != "checkpoint.pt"]  # no temp files left
     r = run_mpi(2, TRAIN + RECIPE + ["--out", str(out), "--checkpoint-dir", str(ckpt),

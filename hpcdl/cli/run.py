@@ -12,6 +12,7 @@ import argparse
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -204,11 +205,12 @@ def failure(cmd, rc):
     return "%s exited with status %d on at least one rank" % (what, rc)
 
 
-def launch(n, cmd, hosts=None, mpi_args=None, export=()):
+def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None):
     """Starts cmd on n ranks (or directly inside a job); returns its exit code.
     n None: every task of the Slurm allocation, else 1. Every rank starts as
     rankenv.py (torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE from
-    the launcher's variables), which execs cmd."""
+    the launcher's variables), which execs cmd. Signals to this process go on
+    to the launcher (_run; term_as: what a SIGTERM becomes)."""
     if not cmd:
         raise UsageError("no command given; usage: hpcdl run -n N -- CMD ...")
     cmd, note = resolve_command(cmd, check_path=not hosts)
@@ -216,7 +218,7 @@ def launch(n, cmd, hosts=None, mpi_args=None, export=()):
     if inside_parallel_job():
         print("hpcdl run: already inside an MPI/Slurm job; running %s directly"
               % shlex.join(cmd), file=sys.stderr, flush=True)
-        return _run(cmd, dict(env, **torchrun_env(env)))
+        return _run(cmd, dict(env, **torchrun_env(env)), term_as)
     ranks_cmd = [sys.executable, "-I", "-S", rankenv.__file__] + cmd
     line = None
     if inside_slurm_allocation() and not hosts:
@@ -227,7 +229,7 @@ def launch(n, cmd, hosts=None, mpi_args=None, export=()):
     line = line or mpirun_command(1 if n is None else n, ranks_cmd, hosts,
                                   mpi_args=mpi_args, export=export)
     print("hpcdl run: " + shlex.join(line) + note, file=sys.stderr, flush=True)
-    rc = _run(line, env)
+    rc = _run(line, env, term_as)
     if rc != 0:
         print("hpcdl run: " + failure(cmd, rc), file=sys.stderr, flush=True)
         if hosts:  # mpirun names a lost host; this names its ranks
@@ -250,11 +252,39 @@ def _allocation_ranks(n):
     return n
 
 
-def _run(line, env=None):
+# Signals a batch system or a user sends to this process (kill PID, scancel
+# --signal, a job's time limit) go on to the launcher, which hands them to the
+# ranks: mpirun and srun forward SIGUSR1/2 to them, while on SIGTERM Open MPI's
+# mpirun ends the job (SIGTERM to the ranks, SIGKILL 1 s later). SIGINT is
+# left alone: Ctrl-C reaches the launcher itself, in the terminal's process group.
+FORWARDED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
+
+
+def _run(line, env=None, term_as=None):
+    """Runs line, passing FORWARDED signals on to it; returns its exit code.
+    term_as: the signal a SIGTERM is passed on as (hpcdl train: SIGUSR1, its
+    other stop signal, so that the ranks get the time to checkpoint)."""
     try:
-        return subprocess.run(line, env=env).returncode
+        proc = subprocess.Popen(line, env=env)
     except FileNotFoundError:
         raise UsageError("%s could not be started: not found" % line[0])
+
+    def forward(signum, frame):
+        if signum == signal.SIGTERM and term_as is not None:
+            print("hpcdl run: SIGTERM passed on to the ranks as %s (a clean stop: the "
+                  "launcher would end the job on SIGTERM)" % signal.Signals(term_as).name,
+                  file=sys.stderr, flush=True)
+            signum = term_as
+        proc.send_signal(signum)
+    sigs = [getattr(signal, n) for n in FORWARDED if hasattr(signal, n)]
+    before = {s: signal.signal(s, forward) for s in sigs}
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C: the launcher got it too; let it end the ranks
+        return proc.wait()
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
 
 
 def add_launch_args(parser, ranks_help=None):

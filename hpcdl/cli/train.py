@@ -14,6 +14,7 @@ before its first collective (train/validate.py); each problem is one line
 'hpcdl: error: ...' and the status is 2.
 """
 import argparse
+import signal
 import sys
 
 from ..train.config import (LR_SCALING, MODES, OPTIMIZERS, PRECISIONS, SCHEDULES,
@@ -153,7 +154,9 @@ def run(args):
     if n is not None and not inside_parallel_job():
         _check(cfg, n)  # fail once here, in one line per problem, rather than per rank
         cmd = [sys.executable, "-m", "hpcdl", "train"] + forwarded_args(args)
-        return launch(n, cmd, **launch_options(args))
+        # SIGTERM to this process reaches the ranks as SIGUSR1: the same clean stop
+        # (checkpoint, exit 0), without mpirun ending the job under the checkpoint
+        return launch(n, cmd, term_as=signal.SIGUSR1, **launch_options(args))
     _check(cfg, None, on_rank=True)  # before MPI starts: this rank's node may see other files
     from .. import comm, train
     if args.n is not None and args.n != comm.size():
