@@ -59,6 +59,10 @@ int hpcdl_cross_rank(const hpcdl_ctx *c) { return c->main.cross_rank; }
 int hpcdl_cross_size(const hpcdl_ctx *c) { return c->main.cross_size; }
 void hpcdl_set_check(hpcdl_ctx *c, int enabled) { c->check = enabled != 0; }
 
+void hpcdl_blocking_begin(hpcdl_ctx *c, const char *name) { hpcdl_engine_blocking_begin(c, name); }
+
+void hpcdl_blocking_end(hpcdl_ctx *c) { hpcdl_engine_blocking_end(c); }
+
 void hpcdl_set_chunk_bytes(hpcdl_ctx *c, size_t bytes) {
     if (bytes < 64) bytes = 64;
     c->main.chunk_bytes = bytes;

@@ -40,6 +40,17 @@ def test_shutdown_time_ends_the_job(buffer, mode, missing):
 
 
 @pytest.mark.mpi
+def test_object_collective_is_inspected_too():
+    """mpi4py's pickled-object collectives (Communicator.allgather_object: a ZeRO
+    state_dict(), a sharded checkpoint) count like the core's blocking ones."""
+    r = run_python(2, SCRIPT, args=["object"], check=False, timeout=60,
+                   env={"HPCDL_STALL_CHECK_TIME_SECONDS": "1",
+                        "HPCDL_STALL_SHUTDOWN_TIME_SECONDS": "2"})
+    assert r.returncode != 0
+    assert "rank 1 is missing allgather_object (blocking)" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
 @BUFFERS
 def test_dead_rank_ends_the_job(buffer):
     t0 = time.time()

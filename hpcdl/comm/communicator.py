@@ -369,17 +369,31 @@ class Communicator:
         return [out[lo:hi] for lo, hi in segments]
 
     # ------------------------------------------------ objects and agreement
+    @contextlib.contextmanager
+    def _tracked(self, name):
+        """An mpi4py collective counted by the stall inspector while it runs, as
+        the core's blocking ones are: a rank that never calls it is named, and
+        the job ends after HPCDL_STALL_SHUTDOWN_TIME_SECONDS instead of hanging."""
+        self._ctx.blocking(name)
+        try:
+            yield
+        finally:
+            self._ctx.blocking(None)
+
     def allgather_object(self, obj):
         """Every rank's obj (picklable), in rank order, on every rank."""
-        return self.mpi.allgather(obj)
+        with self._tracked("allgather_object"):
+            return self.mpi.allgather(obj)
 
     def bcast_object(self, obj, root=0):
         """root's obj on every rank (the others pass anything, e.g. None)."""
-        return self.mpi.bcast(obj, root=root)
+        with self._tracked("bcast_object"):
+            return self.mpi.bcast(obj, root=root)
 
     def gather_object(self, obj, root=0):
         """Every rank's obj in rank order on root; None on the other ranks."""
-        return self.mpi.gather(obj, root=root)
+        with self._tracked("gather_object"):
+            return self.mpi.gather(obj, root=root)
 
     def any_rank(self, flag):
         """The largest of every rank's flag (an int; True counts 1), so truthy

@@ -108,6 +108,13 @@ int hpcdl_cross_size(const hpcdl_ctx *ctx);
 void hpcdl_set_check(hpcdl_ctx *ctx, int enabled);
 // Local call. Ring pipelining chunk in bytes (default 256 KiB).
 void hpcdl_set_chunk_bytes(hpcdl_ctx *ctx, size_t bytes);
+// Local calls. A collective made outside the core (an MPI call of the caller's
+// own on the same ranks, e.g. mpi4py's pickled-object allgather) counts for
+// the stall inspector from begin to end, named `name`, like the core's own
+// blocking collectives: a rank that never arrives is named, and the job ends
+// after HPCDL_STALL_SHUTDOWN_TIME_SECONDS. One at a time per context.
+void hpcdl_blocking_begin(hpcdl_ctx *ctx, const char *name);
+void hpcdl_blocking_end(hpcdl_ctx *ctx);
 
 // ----------------------------------------------------------------------------
 // blocking collectives (host memory; device pointers when built with CUDA)

@@ -128,6 +128,20 @@ static PyObject *Context_set_check(ContextObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+// blocking(name) marks an outside collective's start for the stall
+// inspector; blocking(None) its end.
+static PyObject *Context_blocking(ContextObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "z", &name)) return NULL;
+    hpcdl_ctx *c = hpcdl_py_ctx(self);
+    if (!c) return NULL;
+    if (name)
+        hpcdl_blocking_begin(c, name);
+    else
+        hpcdl_blocking_end(c);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Context_set_chunk_bytes(ContextObject *self, PyObject *args) {
     unsigned long long b;
     if (!PyArg_ParseTuple(args, "K", &b)) return NULL;
@@ -165,6 +179,7 @@ static PyMethodDef Context_methods[] = {
     {"shared_alloc", (PyCFunction)Context_shared_alloc, METH_VARARGS, "shared_alloc(bytes) -> memoryview in node shared memory (collective over the node)"},
     {"set_check", (PyCFunction)Context_set_check, METH_VARARGS, "set_check(bool)"},
     {"set_chunk_bytes", (PyCFunction)Context_set_chunk_bytes, METH_VARARGS, "set_chunk_bytes(int)"},
+    {"blocking", (PyCFunction)Context_blocking, METH_VARARGS, "blocking(name): an outside collective starts (for the stall inspector); blocking(None): it ended"},
     {"choose_algo", (PyCFunction)Context_choose_algo, METH_VARARGS, "choose_algo(bytes) -> name"},
     {NULL, NULL, 0, NULL}};
 

@@ -8,6 +8,9 @@ argv[1] = "never": rank 1 never submits (with
 argv[1] = "die": rank 1 exits abruptly while rank 0 waits in a collective.
 argv[1] = "blocking": like "never", but rank 0 waits in a blocking
     all-reduce (the caller's thread, not the engine) that rank 1 never calls.
+argv[1] = "object": like "blocking", with a pickled-object all-gather
+    (mpi4py's, under Communicator.allgather_object: what a ZeRO optimizer's
+    state_dict() called on rank 0 only waits in).
 argv[2] = "shared" (optional): the all-reduced buffer lives in node shared
     memory (Communicator.shared_buffer), as DistributedOptimizer's buckets do,
     so the work-stealing path (src_c/shared.c) is the one that waits.
@@ -32,6 +35,10 @@ if mode == "blocking":
     if c.rank == 1:
         time.sleep(120)
     c.allreduce(x)  # never completes: rank 1 is not there
+if mode == "object":
+    if c.rank == 1:
+        time.sleep(120)
+    c.allgather_object({"rank": c.rank})  # never completes either
 if c.rank == 1:
     if mode == "never":
         time.sleep(120)
