@@ -264,6 +264,13 @@ class DistributedOptimizer(OptimizerWrapper):
         average over ranks. Buckets with parameters that got no gradient this
         step are sent now (their missing gradients count as zero)."""
         if self._next_submit == 0 and all(n == 0 for n in self._passes.values()):
+            if not self._synchronized and self._comm is not None:
+                warnings.warn(
+                    "DistributedOptimizer: no gradient of its parameters arrived since the "
+                    "last step(), so nothing is averaged or updated. Did backward() run on "
+                    "the parameters this optimizer was built with? Replacing them after "
+                    "building it (model.load_state_dict(..., assign=True), new modules) "
+                    "leaves it holding the old ones: build the optimizer after loading.")
             self._synchronized = True
             return  # no backward since the last step: nothing to reduce
         self._submit_in_order(upto=len(self._buckets) - 1, force=True)

@@ -85,11 +85,18 @@ class TrainConfig:
         self._check_zero()
         _positive("--global-batch", self.global_batch)
         if self.global_batch % self._workers(size):
+            w = self._workers(size)
+            fits = [k for k in range(1, min(self.global_batch, 64) + 1)
+                    if self.global_batch % k == 0]
             raise ConfigError("global batch %d does not divide evenly by %d %s; pick a "
-                              "--global-batch that is a multiple of %d"
-                              % (self.global_batch, self._workers(size),
-                                 "ranks" if self.mode == "allreduce" else "workers",
-                                 self._workers(size)))
+                              "--global-batch that is a multiple of %d (a resumed run must "
+                              "keep its checkpoint's global batch: then run on %s that "
+                              "divide %d: %s)"
+                              % (self.global_batch, w,
+                                 "ranks" if self.mode == "allreduce" else "workers", w,
+                                 "rank counts" if self.mode == "allreduce" else
+                                 "worker counts", self.global_batch,
+                                 ", ".join(map(str, fits))))
         if any(h < 1 for h in self.hidden):
             raise ConfigError("--hidden %s has a width below 1; give widths like 256,128"
                               % ",".join(map(str, self.hidden)))

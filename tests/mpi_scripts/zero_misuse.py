@@ -3,11 +3,13 @@ ValueError on every rank that names the supported stages, before any
 collective (so no rank waits); afterwards a good one steps, and
 broadcast_optimizer_state works on it. Sparse gradients at stage 2 are a
 one-line error on every rank, and so is a parameter whose storage one rank
-replaced after a stage-1 optimizer was built. shard_model (stage 3) refuses tied weights
+replaced after a stage-1 optimizer was built; load_state_dict(assign=True)
+after building one makes step() warn that no gradient arrived. shard_model (stage 3) refuses tied weights
 across units, sparse embeddings and non-CPU parameters on every rank, and
 works afterwards, also after a backward that raised midway. Prints 'MISUSE OK' per rank."""
 import copy
 import sys
+import warnings
 
 import torch
 
@@ -81,6 +83,23 @@ def moved_parameter():
     o.step()
 
 
+def assigned_after_building():
+    """load_state_dict(assign=True) puts new Parameters into the model: the
+    optimizer still holds the old ones; step() must say so, not pass silently."""
+    lin = torch.nn.Linear(5, 3)
+    o = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1),
+                                 named_parameters=lin.named_parameters(), zero_stage=1)
+    lin.load_state_dict(copy.deepcopy(lin.state_dict()), assign=True)
+    lin(torch.randn(4, 5)).sum().backward()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        o.step()
+    if not any("assign=True" in str(w.message) for w in seen):
+        fails.append("step() after load_state_dict(assign=True): no warning (%s)"
+                     % [str(w.message) for w in seen])
+
+
+assigned_after_building()
 refused("sparse gradients at stage 2", "does not support sparse gradients", sparse_stage2)
 refused("a parameter moved after the optimizer was built (rank 0 only)", "no longer lives",
         moved_parameter)

@@ -177,7 +177,7 @@ class Sharding:
     def _check_storage(self):
         """The pieces and the all-gather write into the flat buffers: a
         parameter whose storage was replaced since (p.data = ..., model.to(),
-        load_state_dict(assign=True)) would silently stop training. Agreed
+        ...) would silently stop training. Agreed
         over ranks (one 4-byte all-reduce) so that every rank raises."""
         err = None
         for s, flat in zip(self.shards, self.flats):
@@ -186,7 +186,7 @@ class Sharding:
                 if p.numel() and p.data_ptr() != at and err is None:
                     err = ("zero_stage=%d: on rank %d, parameter %s no longer lives in the buffer "
                            "DistributedOptimizer put it in (its .data was replaced: "
-                           "model.to(), load_state_dict(assign=True), p.data = ...), so the "
+                           "model.to(), p.data = ...), so the "
                            "update would not reach it; move or load the model before building "
                            "the optimizer, or copy into p in place"
                            % (self.stage, self.comm.rank, self.opt._names[p]))
