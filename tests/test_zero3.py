@@ -2,10 +2,11 @@
 the ranks, gathered per unit around its forward and backward, gradients
 reduce-scattered into the owner's pieces. On 2 and 3 ranks (uneven sizes:
 blocks cut layers, a 0-d parameter is smaller than the rank count), SGD with
-nesterov, Adam, AdamW, two parameter groups, a StepLR schedule,
+nesterov, Adam, AdamW, LARS, LARC, two parameter groups, a StepLR schedule,
+global-norm clipping across shards (shards.clip_grad_norm_),
 backward_passes_per_step 2, a layer called twice per forward, per-layer and
-grouped units, with and without prefetch: after 6 steps the parameters equal
-one process's on the whole global batch (within 1e-6 relative); each rank
+grouped units, with and without prefetch (a few cases on 4 ranks too): after
+6 steps the parameters equal one process's on the whole global batch (within 1e-6 relative); each rank
 holds about 1/N of the parameter and optimizer-state bytes, and at most three
 units gathered at once. All cases of one rank count run in one launch (the
 scripts: tests/mpi_scripts/zero3_exact.py, run by zero3_checkpoint.py).
@@ -27,7 +28,9 @@ import pytest
 from mpi_harness import run_python
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "mpi_scripts", "zero3_checkpoint.py")
-CASES = ["adam:1", "sgd:2:units", "adamw:1:noprefetch", "lars:1", "adam:1:fp16", "sgd:1:bf16"]
+CASES = ["adam:1", "sgd:2:units", "adamw:1:noprefetch", "lars:1", "larc:1", "adam:1:clip",
+         "adam:1:fp16", "sgd:1:bf16"]
+EXACT = os.path.join(os.path.dirname(__file__), "mpi_scripts", "zero3_exact.py")
 
 
 @pytest.mark.mpi
@@ -166,3 +169,12 @@ def test_train_zero_refuses_gpus_before_any_collective(stage, monkeypatch):
     monkeypatch.setattr(allreduce.comm, "size", lambda: 1)
     with pytest.raises(ConfigError, match="--zero %d trains on the CPU only" % stage):
         (zero.Zero3 if stage == 3 else zero.Zero)(TrainConfig(zero=stage))
+
+
+@pytest.mark.mpi
+def test_stage3_exact_on_4_ranks():
+    # 4 ranks: blocks of 1-2 elements of the small layers, ranks owning nothing of
+    # the 0-d scalar's unit; clipping across shards with 2 passes
+    cases = ["adam:1", "sgd:2:units:clip", "lars:1"]
+    r = run_python(4, EXACT, timeout=180, args=["1e-6", *cases])
+    assert r.stdout.count("ZERO3 OK") == 4 * len(cases), r.stdout

@@ -1,9 +1,11 @@
 """zero3_exact.py - run under mpirun: ZeRO stage 3 (hvd.shard_model) equals one
 process on the whole global batch, and holds about 1/N of the parameters.
 
-argv: TOL CASE... with CASE = OPTIMIZER:PASSES[:units][:noprefetch][:fp16|:bf16]
-(optimizer sgd|adam|adamw|lars; units: the Sequential and the rest as two units
-instead of one per layer; noprefetch; the gradients' reduce-scatter compressed,
+argv: TOL CASE... with CASE = OPTIMIZER:PASSES[:units][:noprefetch][:clip][:fp16|:bf16]
+(optimizer sgd|adam|adamw|lars|larc; units: the Sequential and the rest as two
+units instead of one per layer; noprefetch; clip: global-norm clipping to 0.3
+by shards.clip_grad_norm_ against torch's on one process; the gradients'
+reduce-scatter compressed,
 tolerance 3e-3 and at least 1e-5 away from float32), all cases in one launch. The model has
 uneven sizes on purpose (13x7 and 7x3 layers, a 3-element bias, a 0-d
 scalar: units smaller than the rank count, blocks that cut layers), a layer
@@ -57,16 +59,23 @@ def make_opt(model, OPT):
     elif OPT == "lars":  # whole-layer norms: shards.layer_norms(opt) around the step
         groups[1]["lars_adaptation"] = False
         opt = hoptim.LARS(groups, lr=0.5, momentum=0.9, trust_coefficient=0.02)
+    elif OPT == "larc":  # the same hook, through the LARC(SGD) wrapper chain
+        opt = hoptim.LARC(torch.optim.SGD(groups, lr=0.1, momentum=0.9),
+                          trust_coefficient=0.02, clip=False)
     else:
         opt = torch.optim.AdamW(groups, lr=1e-2)
     return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
 
 
-def train_step(model, opt, sched, x, y, passes):
+def train_step(model, opt, sched, x, y, passes, clip=False):
     opt.zero_grad()
     for xs, ys in zip(x.chunk(passes), y.chunk(passes)):
         (F.cross_entropy(model(xs), ys) / passes).backward()
     shards = getattr(model, "_hpcdl_shards", None)
+    if clip and shards is not None:
+        shards.clip_grad_norm_(0.3)
+    elif clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
     with shards.layer_norms(opt) if shards is not None else contextlib.nullcontext():
         opt.step()
     sched.step()
@@ -81,6 +90,7 @@ def run(case, TOL):
     """One case; returns the failures (TOL: relative, against one process)."""
     OPT, PASSES, *flags = case.split(":")
     PASSES, UNITS, PREFETCH = int(PASSES), "units" in flags, "noprefetch" not in flags
+    CLIP = "clip" in flags
     COMP = ([f for f in flags if f in ("fp16", "bf16")] or ["none"])[0]
     if COMP != "none":  # 16-bit gradients on the wire: one process is about 1e-4 away
         TOL = max(TOL, 3e-3)
@@ -99,8 +109,8 @@ def run(case, TOL):
     fails = []
     for s in range(STEPS):
         x, y = X[s, R * per:(R + 1) * per], Y[s, R * per:(R + 1) * per]
-        train_step(model, opt, sched, x, y, PASSES)
-        train_step(ref_model, ref, rsched, X[s], Y[s], 1)
+        train_step(model, opt, sched, x, y, PASSES, CLIP)
+        train_step(ref_model, ref, rsched, X[s], Y[s], 1, CLIP)
         if shards.live_bytes != 0:
             fails.append("step %d left %d gathered bytes alive" % (s, shards.live_bytes))
 
@@ -153,10 +163,11 @@ def run(case, TOL):
     if not 0 < reducing <= bound:
         fails.append("full gradients in reduce-scatters at once: %d bytes, bound %d"
                      % (reducing, bound))
-    print("[rank %d] ZERO3 %s opt=%s passes=%d units=%s prefetch=%s comp=%s vs_one_process=%.3g "
+    print("[rank %d] ZERO3 %s opt=%s passes=%d units=%s prefetch=%s clip=%s comp=%s "
+          "vs_one_process=%.3g "
           "param_bytes=%d/%d peak_gathered=%d (largest unit %d) state_bytes=%d/%d%s"
           % (R, "FAIL" if fails else "OK", OPT, PASSES, "mid+rest" if UNITS else "per-layer",
-             PREFETCH, COMP, worst, pb["shard"], pb["full"], pb["peak_gathered"],
+             PREFETCH, CLIP, COMP, worst, pb["shard"], pb["full"], pb["peak_gathered"],
              pb["largest_unit"], mine, full, "".join("\n  " + f for f in fails)), flush=True)
     return fails
 

@@ -367,6 +367,14 @@ class ShardedModel:
             for o in users:
                 o.layer_norms = None
 
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """torch.nn.utils.clip_grad_norm_ of the whole model, on the pieces'
+        gradients (collective; between backward and opt.step()). Torch's own
+        function on model.parameters() would take this rank's pieces' norm only:
+        here each rank sums its pieces' powers and one all-reduce adds them."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        return norms.clip_pieces_(grads, max_norm, norm_type, self.comm)
+
     def named_pieces(self):
         """(qualified name, piece, unit, index in unit) for every parameter."""
         return [(u.names[i], p, u, i) for u in self.units for i, p in enumerate(u.pieces)]
