@@ -125,8 +125,12 @@ def test_bad_checkpoints_fail_on_every_rank(tmp_path):
         errors = [l for l in r.stdout.splitlines() if l.startswith("hpcdl: error: ")]
         if data.startswith(b"PK"):  # a zip: read collectively, every rank says so
             assert len(errors) == 2 and all(str(bad) in l for l in errors), r.stdout
+            # each line says whose it is (docs/training.md): one of each rank
+            assert sorted(l[:len("hpcdl: error: [rank 0] ")] for l in errors) == [
+                "hpcdl: error: [rank 0] ", "hpcdl: error: [rank 1] "], r.stdout
         else:  # caught before MPI starts; mpirun may end the other rank first
             assert 1 <= len(errors) <= 2, r.stdout
+            assert all(l.startswith("hpcdl: error: [rank ") for l in errors), r.stdout
         assert all(message in l for l in errors), (message, r.stdout)
 
 

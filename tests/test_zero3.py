@@ -146,16 +146,25 @@ def test_shard_dirs_keep_only_what_checkpoint_pt_names(tmp_path, monkeypatch):
 @pytest.mark.parametrize("stage,saved,words", [
     (0, {"zero12": {"dir": "d", "stage": 2}}, "sharded by --zero 2; resume it with --zero 1 or 2"),
     (1, {"zero3": {"dir": "d"}, "model": {}}, "resume it with --zero 3"),
-    (3, {"zero12": {"dir": "d", "stage": 1}}, "--zero 3 resumes only its own")])
+    (3, {"zero12": {"dir": "d", "stage": 1}}, r"written with --zero 1\); --zero 3 resumes only "
+                                             "its own sharded checkpoints: resume it with "
+                                             "--zero 1 or 2"),
+    (3, {"model": {}}, r"written with --zero 0\); .* resume it with --zero 0, 1 or 2")])
 def test_train_refuses_another_stages_checkpoint(stage, saved, words):
-    # before any file is read or any collective: every rank raises alike
+    # before any file is read or any collective: every rank raises alike, in
+    # one line naming the checkpoint file (--resume PATH, or the one in
+    # --checkpoint-dir)
     from hpcdl.train import allreduce, zero
-    from hpcdl.train.config import ConfigError
+    from hpcdl.train.config import ConfigError, TrainConfig
     cls = {0: allreduce.AllReduce, 1: zero.Zero, 3: zero.Zero3}[stage]
-    with pytest.raises(ConfigError, match=words):
+    for cfg, path in ((TrainConfig(resume="/runs/a/checkpoint.pt"), "/runs/a/checkpoint.pt"),
+                      (TrainConfig(resume="auto", checkpoint_dir="/runs/b"),
+                       "/runs/b/checkpoint.pt")):
         strategy = object.__new__(cls)
-        strategy.zero_stage = stage
-        strategy.load_state_dict(saved)
+        strategy.zero_stage, strategy.cfg = stage, cfg
+        with pytest.raises(ConfigError, match=r"^checkpoint %s holds .*%s" % (path, words)) as e:
+            strategy.load_state_dict(saved)
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("stage", [1, 3])

@@ -11,7 +11,9 @@ returns its exit code; otherwise it trains in this process and its peers.
 Every setting and path (--out, --checkpoint-dir, --resume, --data, --stage-to)
 is checked before anything starts: in the launching shell, then on every rank
 before its first collective (train/validate.py); each problem is one line
-'hpcdl: error: ...' and the status is 2.
+'hpcdl: error: ...' ('hpcdl: error: [rank R] ...' on each of several ranks,
+also for what the ranks refuse together later, such as a checkpoint that
+does not fit) and the status is 2.
 """
 import argparse
 import signal
@@ -163,8 +165,11 @@ def run(args):
         comm.warn("-n %d ignored: this job has %d rank(s)" % (args.n, comm.size()))
     try:
         train.train(cfg)  # checks cfg against this job's ranks first
-    except ConfigError as e:
-        raise UsageError(str(e))
+    except ConfigError as e:  # raised on every rank alike: each line says whose it is
+        lines = str(e).splitlines()
+        if comm.size() > 1:
+            lines = ["[rank %d] %s" % (comm.rank(), line) for line in lines]
+        raise UsageError("\n".join(lines))
     return 0
 
 

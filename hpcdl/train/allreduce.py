@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import comm
-from . import build, data
+from . import build, checkpoint, data
 from .precision import LossScaler, autocast
 
 
@@ -174,10 +174,11 @@ class AllReduce:
         """A ConfigError (every rank alike, before anything is restored) when
         the checkpoint's state is sharded in a way this strategy cannot read."""
         from .errors import ConfigError
+        path = checkpoint.resumed_path(self.cfg)
         if "zero3" in state:  # sharded model: its files name the ranks and layout
-            raise ConfigError("this checkpoint holds a model sharded by --zero 3; resume it "
-                              "with --zero 3 (on any rank count)")
+            raise ConfigError("checkpoint %s holds a model sharded by --zero 3; resume it "
+                              "with --zero 3 (on any rank count)" % path)
         if "zero12" in state and not self.zero_stage:  # one optimizer file per rank
-            raise ConfigError("this checkpoint holds an optimizer sharded by --zero %d; "
+            raise ConfigError("checkpoint %s holds an optimizer sharded by --zero %d; "
                               "resume it with --zero 1 or 2 (on any rank count)"
-                              % state["zero12"]["stage"])
+                              % (path, state["zero12"]["stage"]))

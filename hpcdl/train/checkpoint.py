@@ -28,6 +28,12 @@ def path_in(directory):
     return os.path.join(directory, FILENAME)
 
 
+def resumed_path(cfg):
+    """The checkpoint.pt a resuming run reads (--resume PATH, or --resume
+    [auto] in --checkpoint-dir), for messages and the files beside it."""
+    return cfg.resume if cfg.resume not in (None, "auto") else path_in(cfg.checkpoint_dir)
+
+
 def meta_of(cfg, model):
     """What a checkpoint must match to be resumed by this run."""
     return {"model": cfg.model, "mode": cfg.mode, "hidden": list(cfg.hidden), "data": cfg.data,

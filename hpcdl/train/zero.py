@@ -73,9 +73,7 @@ class ShardDirs:
         """Collective: the directory `name` beside the checkpoint.pt being
         resumed; a ConfigError on every rank when it is not there."""
         from .errors import ConfigError
-        cfg = self.cfg
-        ckpt = cfg.resume if cfg.resume not in (None, "auto") else \
-            checkpoint.path_in(cfg.checkpoint_dir)
+        ckpt = checkpoint.resumed_path(self.cfg)
         path = os.path.join(os.path.dirname(os.path.abspath(ckpt)), name)
         error = None if os.path.isdir(path) else (
             "%s names the shard directory %s, which does not exist: at --zero 1-3 a "
@@ -239,8 +237,11 @@ class Zero3(AllReduce):
         from ..torch.zero.checkpoint import load_sharded
         if "zero3" not in state:
             from .errors import ConfigError
-            raise ConfigError("this checkpoint holds an unsharded model (--zero 0, 1 or 2); "
-                              "--zero 3 resumes only its own sharded checkpoints")
+            was = state["zero12"]["stage"] if "zero12" in state else 0
+            raise ConfigError("checkpoint %s holds an unsharded model (written with --zero %d); "
+                              "--zero 3 resumes only its own sharded checkpoints: resume it "
+                              "with --zero %s" % (checkpoint.resumed_path(self.cfg), was,
+                                                  "1 or 2" if was else "0, 1 or 2"))
         self.dirs.load(state["zero3"]["dir"],
                        lambda path: load_sharded(self.shards, path, self.opt))
         self.sched.load_state_dict(state["scheduler"])

@@ -8,11 +8,16 @@ sizes, Adam, two parameter groups, StepLR). `save` (run it on 3 ranks) trains
 3 steps, saves to DIR, loads DIR into a fresh sharded model and optimizer on
 the same ranks and checks that both take bit-identical next steps; then the
 refusals: a manifest of another model, a missing rank file, another
-optimizer grouping: a ValueError on every rank, and no file in DIR changed.
+optimizer grouping, another optimizer class (SGD for Adam), a stage-2
+DistributedOptimizer's directory, a truncated rank file (torch's text quoted
+up to a sentence's end): a ValueError on every rank, and no file changed. A
+manifest from before the stage and optimizer class were recorded still loads.
 `load` (run it on 2 ranks: resharding) loads DIR into a fresh model, trains
 3 more steps and compares with one process that trained all 6 steps (within
 1e-6 relative). Prints 'CKPT OK' per rank, exits non-zero on any failure."""
+import json
 import os
+import re
 import shutil
 import sys
 
@@ -20,7 +25,8 @@ import torch
 import torch.nn as nn
 
 import hpcdl.torch as hvd
-from hpcdl.torch.zero.checkpoint import load_sharded, rank_file, save_sharded
+from hpcdl.torch.zero import checkpoint12
+from hpcdl.torch.zero.checkpoint import MANIFEST, load_sharded, rank_file, save_sharded
 import zero_common
 from zero_common import digest
 from zero3_exact import B, N, R, Net, make_opt, run, train_step
@@ -87,14 +93,47 @@ if MODE == "save":
     m2, s2, _, _ = sharded(5)
     refused("another optimizer grouping", "grouped the parameters otherwise",
             lambda: load_sharded(s2, DIR, torch.optim.Adam(m2.parameters())))
-    broken = DIR + ".broken"
+    refused("another optimizer class", "saved with optimizer class Adam, this optimizer is "
+            "SGD; build it as when it was saved (Adam)",
+            lambda: load_sharded(s2, DIR, make_opt(m2, "sgd")[0]))
+    broken, cut, old = DIR + ".broken", DIR + ".truncated", DIR + ".old"
     if R == 0:
-        shutil.copytree(DIR, broken)
+        for copy in (broken, cut, old):
+            shutil.copytree(DIR, copy)
         os.unlink(os.path.join(broken, rank_file(1, N)))
-    hvd.allgather_object(None)  # every rank waits for the copy
-    refused("a missing rank file", rank_file(1, N), lambda: load_sharded(s2, broken))
-    if digest(DIR) != before:
-        fails.append("the refused loads changed files in %s" % DIR)
+        with open(os.path.join(cut, rank_file(1, N)), "r+b") as f:
+            f.truncate(100)  # torch: "... failed finding central directory. This is ..."
+        with open(os.path.join(old, MANIFEST)) as f:  # as saved before the two fields
+            m = json.load(f)
+        del m["stage"], m["optimizer_class"]
+        with open(os.path.join(old, MANIFEST), "w") as f:
+            json.dump(m, f)
+    plain = Net()  # a stage-2 DistributedOptimizer's checkpoint of the same model
+    stage2 = DIR + ".stage2"
+    checkpoint12.save_sharded(hvd.DistributedOptimizer(
+        make_opt(plain, "adam")[0], named_parameters=plain.named_parameters(), zero_stage=2),
+        stage2)
+    hvd.allgather_object(None)  # every rank waits for the copies
+    copies = {d: digest(d) for d in (broken, cut, old, stage2)}
+    refused("a missing rank file", "missing rank file(s) %s of %d; copy the whole directory "
+            "as it was written" % (rank_file(1, N), N), lambda: load_sharded(s2, broken))
+    refused("a stage-2 checkpoint", "was saved by a ZeRO stage-2 DistributedOptimizer, not a "
+            "stage-3 model: load it with hpcdl.torch.zero.checkpoint12.load_sharded",
+            lambda: load_sharded(s2, stage2))
+    text = zero_common.refused(fails, "a truncated rank file", "%s cannot be read (" %
+                               rank_file(1, N), lambda: load_sharded(s2, cut))
+    if not re.search(r"cannot be read \(damaged or cut short\? \w+: [^()]*[.?]( \.\.\.)?\); "
+                     r"copy it again", text):
+        fails.append("truncated rank file: torch's text cut mid-sentence: %r" % text)
+    _, s3, opt3, _ = sharded(11)
+    load_sharded(s3, old, opt3)  # no stage, no optimizer class: loads as it always did
+    _, s4, opt4, _ = sharded(12)
+    load_sharded(s4, DIR, opt4)
+    a, b = whole(s3), whole(s4)
+    if any(not torch.equal(a[k], b[k]) for k in a):
+        fails.append("a manifest without stage and optimizer class loads other parameters")
+    if digest(DIR) != before or {d: digest(d) for d in copies} != copies:
+        fails.append("the refused loads changed files in %s or its copies" % DIR)
 else:
     model, shards, opt, sched = sharded(7 + R)
     extra = load_sharded(shards, DIR, opt)

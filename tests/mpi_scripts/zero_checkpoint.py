@@ -11,7 +11,8 @@ the same ranks: the next step (its learning rates halved through the
 wrapper's param_groups, as a scheduler does) is bit-identical, and within
 1e-6 relative when the optimizer cuts 2 buckets (loaded by resharding); then the refusals: another
 model, another parameter order (the optimizer's weights listed the other way
-round: other buckets), a missing rank file, two rank files swapped: a
+round: other buckets), another optimizer class (SGD for Adam), a stage-3
+model's directory, a missing rank file, two rank files swapped: a
 ValueError on every rank naming it, and no file changed. Resume: ranks 0-2 (stage 1), then ranks 0-1 (stage
 2) load DIR into a fresh model and train steps 4-6: within 1e-5 relative of
 the reference. Prints 'CKPT OK' per rank, exits non-zero on any failure."""
@@ -24,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hpcdl.torch as hvd
+from hpcdl.torch.zero import checkpoint
 from hpcdl.torch.zero.checkpoint12 import load_sharded, save_sharded
 import zero_common
 from zero_common import digest
@@ -45,11 +47,12 @@ class Net(nn.Module):
         return self.fc2(torch.tanh(self.fc1(x))) * self.temp
 
 
-def make_opt(model, dist=True, swap=False, ps=None, buckets=3):
+def make_opt(model, dist=True, swap=False, ps=None, buckets=3, sgd=False):
     weights = [model.fc1.weight, model.fc2.weight]
     groups = [{"params": weights[::-1] if swap else weights, "weight_decay": 1e-2},
               {"params": [model.fc1.bias, model.fc2.bias, model.temp], "lr": 0.05}]
-    opt = torch.optim.Adam(groups, lr=1e-2)
+    opt = torch.optim.SGD(groups, lr=1e-2, momentum=0.9) if sgd else \
+        torch.optim.Adam(groups, lr=1e-2)
     if not dist:
         return opt
     return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
@@ -66,10 +69,10 @@ def step(model, opt, k, whole=False, n=None):
     opt.step()
 
 
-def fresh(seed, hidden=7, swap=False, ps=None, buckets=3):
+def fresh(seed, hidden=7, swap=False, ps=None, buckets=3, sgd=False):
     torch.manual_seed(seed)
     model = Net(hidden)
-    return model, make_opt(model, swap=swap, ps=ps, buckets=buckets)
+    return model, make_opt(model, swap=swap, ps=ps, buckets=buckets, sgd=sgd)
 
 
 torch.manual_seed(1234)
@@ -114,13 +117,28 @@ def save():
             lambda: load_sharded(fresh(1, hidden=5)[1], DIR))
     refused("another parameter order", "another parameter order",
             lambda: load_sharded(fresh(1, swap=True)[1], DIR))
+    refused("another optimizer class", "saved with optimizer class Adam, this optimizer is "
+            "SGD; build it as when it was saved (Adam)",
+            lambda: load_sharded(fresh(1, sgd=True)[1], DIR))
+    stage3 = DIR + ".stage3"  # a stage-3 model's checkpoint of the same model
+    torch.manual_seed(3)
+    plain = Net()
+    checkpoint.save_sharded(hvd.shard_model(plain), stage3, torch.optim.Adam(plain.parameters()))
+    before = digest(stage3)
+    zero_common.refused(fails, "a stage-3 checkpoint", "was saved from a ZeRO stage-3 model "
+                        "(shard_model), not a DistributedOptimizer: load it with "
+                        "hpcdl.torch.zero.checkpoint.load_sharded",
+                        lambda: load_sharded(fresh(1)[1], stage3))
+    if digest(stage3) != before:
+        fails.append("stage-3 checkpoint: files changed")
     gone = DIR + ".partial"
     if R == 0:
         shutil.copytree(DIR, gone, dirs_exist_ok=True)
         os.unlink(os.path.join(gone, "rank-00001-of-%05d.pt" % N))
     hvd.allreduce(torch.zeros(1), name="copied")  # rank 0's copy is complete
     before = digest(gone)
-    zero_common.refused(fails, "a missing rank file", "missing rank file",
+    zero_common.refused(fails, "a missing rank file", "missing rank file(s) rank-00001-of-%05d"
+                        ".pt of %d; copy the whole directory as it was written" % (N, N),
                         lambda: load_sharded(fresh(1)[1], gone))
     if digest(gone) != before:
         fails.append("missing rank file: files changed")

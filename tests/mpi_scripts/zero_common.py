@@ -10,10 +10,13 @@ def digest(directory):
 
 
 def refused(fails, what, words, call):
-    """call() must raise ValueError with words in a one-line message; else a line in fails."""
+    """call() must raise ValueError with words in a one-line message; else a
+    line in fails. Returns the message ("" when accepted)."""
     try:
         call()
         fails.append("%s: accepted" % what)
+        return ""
     except ValueError as e:
         if words not in str(e) or "\n" in str(e):
             fails.append("%s: unclear message %r" % (what, str(e)))
+        return str(e)

@@ -4,6 +4,8 @@ the plain optimizer over its pieces: one file per rank plus a manifest.
     DIR/rank-00000-of-00003.pt   rank 0's pieces, its optimizer state of them, its extra
     DIR/rank-00001-of-00003.pt   ...
     DIR/manifest.json            written last, by rank 0: the rank count and files,
+                                 the ZeRO stage that saved it (3, or 1-2 through
+                                 checkpoint12.py), the optimizer's class and groups,
                                  every parameter's name, shape and dtype, every unit's
                                  parameters and block counts (the layout)
 
@@ -17,10 +19,13 @@ On another rank count each rank reads every file, joins each parameter (and
 each per-element optimizer state: momentum, Adam's moments, 1-D like the
 pieces) from the old pieces and keeps its new piece: resharding, with the
 whole model passing through each rank's memory once. A manifest of another
-model (names, shapes, dtypes, parameter order), a missing rank file or
-another optimizer grouping is a ValueError on every rank, and nothing on
-disk is touched. Another cut into units (stage 3's units=, stages 1-2's
-fusion buckets) loads through the resharding path.
+stage (stage 3's directory given to checkpoint12.py or the reverse), another
+model (names, shapes, dtypes, parameter order), another optimizer class or
+grouping, or a missing rank file is a ValueError on every rank, and nothing
+on disk is touched. Manifests written before the stage and the optimizer's
+class were recorded load as before, unchecked on those two. Another cut
+into units (stage 3's units=, stages 1-2's fusion buckets) loads through the
+resharding path.
 """
 import json
 import os
@@ -71,6 +76,11 @@ def _group_names(shards, optimizer):
     return [[name_of[id(p)] for p in g["params"]] for g in optimizer.param_groups]
 
 
+def _optimizer_class(optimizer):
+    """The optimizer's class name (checkpoint12.py's view names the wrapped one's)."""
+    return getattr(optimizer, "class_name", None) or type(optimizer).__name__
+
+
 def _optimizer_part(shards, optimizer):
     """The optimizer's state and groups keyed by parameter name, not position."""
     sd = optimizer.state_dict()
@@ -81,9 +91,10 @@ def _optimizer_part(shards, optimizer):
     return {"state": state, "param_groups": saved_groups}
 
 
-def save_sharded(shards, directory, optimizer=None, extra=None):
+def save_sharded(shards, directory, optimizer=None, extra=None, stage=3):
     """Collective: every rank writes its file into directory, then rank 0 the
-    manifest. extra: anything torch.save takes, per rank (returned by load)."""
+    manifest. extra: anything torch.save takes, per rank (returned by load).
+    stage: what the manifest records (checkpoint12.py passes 1 or 2)."""
     comm = shards.comm
     os.makedirs(directory, exist_ok=True)
     save = comm.bcast_object(os.urandom(8).hex())  # ties the rank files to their manifest
@@ -95,9 +106,11 @@ def save_sharded(shards, directory, optimizer=None, extra=None):
                     lambda f: torch.save(part, f))
     comm.raise_if_any(error, OSError)
     if comm.rank == 0:
-        manifest = dict(format=FORMAT, ranks=comm.size, save=save,
+        manifest = dict(format=FORMAT, stage=stage, ranks=comm.size, save=save,
                         files=[rank_file(r, comm.size) for r in range(comm.size)],
-                        optimizer=_group_names(shards, optimizer), **layout_of(shards))
+                        optimizer=_group_names(shards, optimizer),
+                        optimizer_class=_optimizer_class(optimizer) if optimizer is not None
+                        else None, **layout_of(shards))
         error = _atomic(os.path.join(directory, MANIFEST),
                         lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     comm.raise_if_any(error, OSError)
@@ -119,8 +132,26 @@ def read_manifest(directory):
     return m
 
 
-def _mismatch(directory, manifest, shards, optimizer):
+def _other_stage(directory, manifest, stage):
+    """The refusal of a checkpoint another stage's loader must read, or None
+    (also for manifests from before the stage was recorded)."""
+    saved = manifest.get("stage")
+    if saved is None or (saved == 3) == (stage == 3):  # stages 1 and 2 read each other's
+        return None
+    if saved == 3:
+        return ("sharded checkpoint %s was saved from a ZeRO stage-3 model (shard_model), not "
+                "a DistributedOptimizer: load it with hpcdl.torch.zero.checkpoint.load_sharded"
+                "(shards, directory, optimizer) on hvd.shard_model(model)" % directory)
+    return ("sharded checkpoint %s was saved by a ZeRO stage-%s DistributedOptimizer, not a "
+            "stage-3 model: load it with hpcdl.torch.zero.checkpoint12.load_sharded(opt, "
+            "directory) into a DistributedOptimizer(zero_stage=1 or 2)" % (directory, saved))
+
+
+def _mismatch(directory, manifest, shards, optimizer, stage):
     """The first way the checkpoint does not fit this model, or None."""
+    other = _other_stage(directory, manifest, stage)
+    if other:
+        return other
     saved, here = manifest["params"], layout_of(shards)["params"]
     if [p["name"] for p in saved] != [p["name"] for p in here]:
         extra = sorted({p["name"] for p in saved} ^ {p["name"] for p in here})
@@ -135,6 +166,10 @@ def _mismatch(directory, manifest, shards, optimizer):
         saved, groups = manifest.get("optimizer"), _group_names(shards, optimizer)
         if not saved:
             return "sharded checkpoint %s holds no optimizer state" % directory
+        was, now = manifest.get("optimizer_class"), _optimizer_class(optimizer)
+        if was is not None and was != now:  # another class's state would fail in step()
+            return ("sharded checkpoint %s was saved with optimizer class %s, this optimizer "
+                    "is %s; build it as when it was saved (%s)" % (directory, was, now, was))
         if saved != groups:
             return ("sharded checkpoint %s: its optimizer grouped the parameters otherwise "
                     "(%d groups of %s; here %d of %s); build the optimizer as before"
@@ -142,8 +177,9 @@ def _mismatch(directory, manifest, shards, optimizer):
                        [len(g) for g in groups]))
     missing = [f for f in manifest["files"] if not os.path.exists(os.path.join(directory, f))]
     if missing or len(manifest["files"]) != manifest["ranks"]:
-        return ("sharded checkpoint %s is missing rank file(s) %s of %d"
-                % (directory, ", ".join(missing) or "?", manifest["ranks"]))
+        return ("sharded checkpoint %s is missing rank file(s) %s of %d; copy the whole "
+                "directory as it was written (every rank file and %s belong together)"
+                % (directory, ", ".join(missing) or "?", manifest["ranks"], MANIFEST))
     return None
 
 
@@ -163,9 +199,10 @@ def _read(directory, manifest, rank):
         part = torch.load(os.path.join(directory, name), map_location="cpu",
                           weights_only=True)
     except Exception as e:  # torch/zip/pickle errors of a damaged file
-        raise ValueError("sharded checkpoint %s: %s cannot be read (%s: %s)"
-                         % (directory, name, type(e).__name__,
-                            str(e).splitlines()[0][:120] if str(e) else "truncated?")) from None
+        raise ValueError("sharded checkpoint %s: %s cannot be read (damaged or cut short? "
+                         "%s: %s); copy it again from where it was written, or load another "
+                         "checkpoint"
+                         % (directory, name, type(e).__name__, _quote(str(e)))) from None
     part = part if isinstance(part, dict) else {}
     got = (part.get("rank"), part.get("ranks"), part.get("save", manifest.get("save")))
     if got != (rank, manifest["ranks"], manifest.get("save")):
@@ -177,15 +214,30 @@ def _read(directory, manifest, rank):
     return part
 
 
-def load_sharded(shards, directory, optimizer=None):
+def _quote(text, limit=160):
+    """text's first line for a one-line message: whole if it fits in limit,
+    else cut after its last sentence (or word) that fits, marked '...'."""
+    line = text.strip().splitlines()[0] if text.strip() else "truncated?"
+    if len(line) <= limit:
+        return line
+    head = line[:limit]
+    cut = head.rfind(". ")
+    if cut > 0:
+        return head[:cut + 1] + " ..."
+    return head[:head.rfind(" ")].rstrip(",;:") + " ..." if " " in head else head + "..."
+
+
+def load_sharded(shards, directory, optimizer=None, stage=3):
     """Collective: restores this rank's pieces (and the optimizer's state of
     them) from directory, resharding when it was saved on another rank count.
-    Returns this rank's extra (same rank count) or rank 0's (resharded)."""
+    Returns this rank's extra (same rank count) or rank 0's (resharded).
+    stage: the loader's (checkpoint12.py passes 1 or 2); a checkpoint of
+    the other kind is refused."""
     comm = shards.comm
     error, parts = None, None
     try:
         manifest = read_manifest(directory)
-        error = _mismatch(directory, manifest, shards, optimizer)
+        error = _mismatch(directory, manifest, shards, optimizer, stage)
         if error is None:
             same = manifest["ranks"] == comm.size and _same_units(manifest, shards)
             ranks = [comm.rank] if same else range(manifest["ranks"])

@@ -56,6 +56,7 @@ class _AllPieces:
 
     def __init__(self, sharding, layout):
         self.sharding = sharding
+        self.class_name = type(sharding.inner).__name__  # what the manifest records
         piece = {}
         for u, s in zip(layout.units, sharding.shards):
             for p, t in zip(s.bucket.params, u.pieces):
@@ -108,17 +109,20 @@ def save_sharded(opt, directory, extra=None):
     then rank 0 the manifest (atomic; checkpoint.py)."""
     z = _sharding(opt)
     layout = _Layout(z)
-    checkpoint.save_sharded(layout, directory, _AllPieces(z, layout), extra)
+    checkpoint.save_sharded(layout, directory, _AllPieces(z, layout), extra,
+                            stage=opt.zero_stage)
 
 
 def load_sharded(opt, directory):
     """Collective: this rank's pieces and state from directory (saved on any
-    rank count), then the parameters all-gathered. A checkpoint of another
-    model, parameter order or grouping, or with a rank file missing, is a
-    ValueError on every rank; nothing on disk changes. Returns the saved extra."""
+    rank count), then the parameters all-gathered. A stage-3 checkpoint, or
+    one of another model, parameter order, optimizer class or grouping, or
+    with a rank file missing, is a ValueError on every rank; nothing on disk
+    changes. Returns the saved extra."""
     z = _sharding(opt)
     layout = _Layout(z)
-    extra = checkpoint.load_sharded(layout, directory, _AllPieces(z, layout))
+    extra = checkpoint.load_sharded(layout, directory, _AllPieces(z, layout),
+                                    stage=opt.zero_stage)
     # the wrapped optimizer's load replaced its groups and state: the wrapper
     # (which LR schedulers step) must hand out the new ones, as its own load does
     opt.param_groups, opt.state = z.inner.param_groups, z.inner.state
