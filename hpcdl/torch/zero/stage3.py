@@ -160,7 +160,8 @@ class _Unit:
     def start_reduce(self, grad):
         """Queues the reduce-scatter (average) of the unit's full gradient into
         this rank's block (in the wire dtype of the owner's compression: fp16 /
-        bf16 halve the bytes); finish_reduce adds the block to the pieces' .grad."""
+        bf16 halve the bytes); wait_reduce frees the full gradient, add_block
+        puts the block into the pieces' .grad."""
         sent, ctx = self.owner.compression.compress(grad.contiguous())
         block = torch.empty(self.counts[self.owner.comm.rank], dtype=sent.dtype)
         h = self.owner.comm.reduce_scatter_async(sent, block, counts=self.counts,
@@ -171,12 +172,16 @@ class _Unit:
         self.owner.account_grad(nbytes)
         return h, (block, ctx, nbytes)
 
-    @torch.no_grad()
-    def finish_reduce(self, handle, sent):
+    def wait_reduce(self, handle, sent):
+        """Waits for the reduce-scatter: the full gradient it held is freed;
+        returns this rank's block (in the parameters' dtype)."""
         handle.wait()
         block, ctx, nbytes = sent
         self.owner.account_grad(-nbytes)
-        block = self.owner.compression.decompress(block, ctx)
+        return self.owner.compression.decompress(block, ctx)
+
+    @torch.no_grad()
+    def add_block(self, block):
         for piece, (a, n) in zip(self.pieces, self.spans):
             if piece.grad is None:
                 piece.grad = block[a:a + n]
@@ -229,6 +234,7 @@ class ShardedModel:
         self.order, self._trace = [], []       # units in forward order
         self.pending = []         # (unit, handle, block): reduce-scatters of this backward
         self.callback_queued = False  # _backward_done queued for this backward
+        self.reduced = []         # (unit, block): done in this backward, added at its end
         self.units = _make_units(self, model, units)
         for u in self.units:
             u.fill_slots(u.pieces)
@@ -291,9 +297,11 @@ class ShardedModel:
     def reduce_later(self, unit, handle, block):
         """Called in backward: the first one queues _backward_done to run when
         autograd has finished this backward. Reduce-scatters that are done
-        add their block to the pieces' .grad now, freeing the unit's full
-        gradient; beyond REDUCE_IN_FLIGHT the oldest is waited for here (the
-        engine runs them in the order queued, so the oldest finishes first)."""
+        free the unit's full gradient now (their blocks wait in self.reduced:
+        the pieces' .grad changes only when the whole backward has succeeded,
+        so a backward that raises leaves no trace, whatever had finished);
+        beyond REDUCE_IN_FLIGHT the oldest is waited for here (the engine runs
+        them in the order queued, so the oldest finishes first)."""
         if not self.callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
             self.callback_queued = True
@@ -303,21 +311,22 @@ class ShardedModel:
             if len(self.pending) <= REDUCE_IN_FLIGHT and not handle.poll():
                 break
             self.pending.pop(0)
-            unit.finish_reduce(handle, block)
+            self.reduced.append((unit, unit.wait_reduce(handle, block)))
 
     def _backward_done(self):
         pending, self.pending = self.pending, []
         self.callback_queued = False
-        for unit, handle, block in pending:
-            unit.finish_reduce(handle, block)
+        reduced = self.reduced + [(u, u.wait_reduce(h, b)) for u, h, b in pending]
+        self.reduced = []
+        for unit, block in reduced:  # in the order queued, as before
+            unit.add_block(block)
 
     def _model_starts(self, module, args):
         for u in self.units:  # re-gathers of a backward that never reached them
             u.drop_backward_prefetch()
-        for _, handle, block in self.pending:  # a backward that raised before its callback
-            handle.wait()
-            self.account_grad(-block[2])
-        self.pending = []
+        for unit, handle, block in self.pending:  # a backward that raised before its callback
+            unit.wait_reduce(handle, block)
+        self.pending, self.reduced = [], []  # its gradients are dropped
         self.callback_queued = False
 
     def _model_done(self, module, args, output):
