@@ -1,0 +1,240 @@
+"""large_batch.py - `hpcdl bench large-batch`: the large-batch study in one
+command. For every recipe x global batch x seed it trains the same model on
+the same data for the same epoch budget (hpcdl.train, all ranks together,
+one run after another in this job), then reports per batch x recipe the
+final and best test accuracy (mean over seeds), the steps and training time
+to the target, and the gradient noise scale B_simple the run measured.
+
+The target is A0 - --target-drop, where A0 is the baseline's mean final
+accuracy (by default the first recipe at the smallest batch), unless
+--target is given. Steps and time to the target are read at epoch ends
+(where the trainer evaluates), so they are exact to one epoch.
+
+The fit is McCandlish et al. 2018's S = S_min (1 + B_noise / B): linear in
+1/B (S = a + c / B, S_min = a, B_noise = c / a) by least squares over the
+runs of one recipe that reached the target. The measured critical batch is
+where the steps to the target reach twice the perfect-scaling line drawn
+from the smallest batch B0 (S_perfect(B) = S(B0) B0 / B). In the model
+that is B = B_noise + 2 B0 (B_noise itself when B0 << B_noise, where
+S = 2 S_min), so both estimates of the critical batch are printed.
+"""
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from .. import comm
+
+
+@dataclass
+class Options:
+    batches: list                 # global batch sizes, ascending
+    recipes: list                 # recipe names (configs/recipes/)
+    seeds: list = field(default_factory=lambda: [0])
+    epochs: int = 10
+    data: str = "mnist1d"
+    model: str = "cnn1d"
+    target: float = None          # absolute target accuracy; None: A0 - target_drop
+    target_drop: float = 0.01
+    extra: dict = field(default_factory=dict)   # more TrainConfig values for every run
+    out: str = None               # keep each run's metrics here (default: a temp dir)
+    json: str = None
+    plot: str = None
+
+
+# ---------------------------------------------------------------- pure analysis
+def first_reach(epochs, target):
+    """(steps, train seconds, epoch) at the first epoch end whose test accuracy
+    reaches target, from metrics.jsonl records; None if never."""
+    seconds = 0.0
+    for rec in epochs:
+        seconds += rec.get("epoch_time_s", 0.0)
+        if rec["test_accuracy"] >= target:
+            return rec["step"], seconds, rec["epoch"]
+    return None
+
+
+def fit_steps(points):
+    """McCandlish's S = S_min (1 + B_noise / B) through [(B, S), ...] by least
+    squares in (1, 1/B). Returns (S_min, B_noise), or None with fewer than
+    two batch sizes or a fit without meaning (S_min or B_noise <= 0)."""
+    if len({b for b, _ in points}) < 2:
+        return None
+    xs = [1.0 / b for b, _ in points]
+    ys = [float(s) for _, s in points]
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    c = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    a = my - c * mx
+    if a <= 0 or c <= 0:
+        return None
+    return a, c / a
+
+
+def critical_batch(points):
+    """The batch where steps-to-target reach twice the perfect-scaling line
+    from the smallest batch, interpolated in log B between the two measured
+    batches around the crossing; None if the ratio never reaches 2 (or there
+    is one batch). points: [(B, S)] with one S per B, any order."""
+    pts = sorted(points)
+    if len(pts) < 2:
+        return None
+    b0, s0 = pts[0]
+    ratio = [(b, s / (s0 * b0 / b)) for b, s in pts]
+    for (b1, r1), (b2, r2) in zip(ratio, ratio[1:]):
+        if r1 < 2.0 <= r2:
+            t = (math.log(2.0) - math.log(r1)) / (math.log(r2) - math.log(r1))
+            return math.exp(math.log(b1) + t * (math.log(b2) - math.log(b1)))
+    return None
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(runs, target):
+    """Rows per recipe x batch (means over seeds) from the runs' records."""
+    rows = []
+    for recipe in dict.fromkeys(r["recipe"] for r in runs):
+        for batch in sorted({r["batch"] for r in runs if r["recipe"] == recipe}):
+            mine = [r for r in runs if r["recipe"] == recipe and r["batch"] == batch]
+            hits = [first_reach(r["epochs"], target) for r in mine]
+            reached = [h for h in hits if h is not None]
+            rows.append(dict(
+                recipe=recipe, batch=batch, seeds=len(mine),
+                final_acc=mean([r["epochs"][-1]["test_accuracy"] for r in mine]),
+                best_acc=mean([max(e["test_accuracy"] for e in r["epochs"]) for r in mine]),
+                reached=len(reached),
+                steps_to_target=mean([h[0] for h in reached]) if len(reached) == len(mine)
+                else None,
+                time_to_target_s=mean([h[1] for h in reached]) if len(reached) == len(mine)
+                else None,
+                train_s=mean([sum(e.get("epoch_time_s", 0.0) for e in r["epochs"])
+                              for r in mine]),
+                b_simple=mean([r["epochs"][-1].get("b_simple") for r in mine]),
+                diverged=sum(1 for r in mine if not all(
+                    math.isfinite(e["loss"]) for e in r["epochs"]))))
+    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+        pts = [(r["batch"], r["steps_to_target"]) for r in rows
+               if r["recipe"] == recipe and r["steps_to_target"] is not None]
+        fit, crit = fit_steps(pts), critical_batch(pts)
+        for r in rows:
+            if r["recipe"] == recipe:
+                r["fit_s_min"], r["fit_b_noise"] = fit if fit else (None, None)
+                r["critical_batch"] = crit
+    return rows
+
+
+# ---------------------------------------------------------------- the runs
+def train_one(opts, recipe, batch, seed, out):
+    """One training run, every rank together; rank 0 returns its epoch records."""
+    from ..train import TrainConfig, train
+    values = dict(opts.extra, data=opts.data, model=opts.model, recipe=recipe,
+                  global_batch=batch, epochs=opts.epochs, seed=seed, out=out)
+    train(TrainConfig(**values))
+    if comm.rank() != 0:
+        return None
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def run(opts):
+    """The study (collective); returns the exit status (0) on every rank."""
+    comm.init()
+    plan = [(r, b, s) for r in opts.recipes for b in opts.batches for s in opts.seeds]
+    comm.print0("# hpcdl bench large-batch: %d runs (%d recipes x %d batches x %d seeds), "
+                "%s, %s, %d epochs each, %d ranks"
+                % (len(plan), len(opts.recipes), len(opts.batches), len(opts.seeds),
+                   opts.data, opts.model, opts.epochs, comm.size()))
+    runs, t0 = [], time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="hpcdl-large-batch-") as tmp:
+        top = opts.out or tmp
+        for i, (recipe, batch, seed) in enumerate(plan, 1):
+            comm.print0("\n== run %d/%d: recipe %s, global batch %d, seed %d (%.0f s so far)"
+                        % (i, len(plan), recipe, batch, seed, time.perf_counter() - t0))
+            out = os.path.join(top, "%s-b%d-s%d" % (recipe, batch, seed))
+            epochs = train_one(opts, recipe, batch, seed, out)
+            if epochs is not None:
+                runs.append(dict(recipe=recipe, batch=batch, seed=seed, epochs=epochs))
+    if comm.rank() != 0:
+        return comm.bcast_object(None, root=0)
+    a0 = mean([r["epochs"][-1]["test_accuracy"] for r in runs
+               if r["recipe"] == opts.recipes[0] and r["batch"] == opts.batches[0]])
+    target = opts.target if opts.target is not None else a0 - opts.target_drop
+    rows = summarize(runs, target)
+    print_table(rows, a0, target, opts)
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(dict(a0=a0, target=target, ranks=comm.size(), epochs=opts.epochs,
+                           data=opts.data, model=opts.model, rows=rows, runs=runs), f, indent=1)
+        print("json: %s" % opts.json)
+    if opts.plot:
+        plot(rows, target, opts.plot)
+        print("plot: %s" % opts.plot)
+    return comm.bcast_object(0, root=0)
+
+
+# ---------------------------------------------------------------- output
+def _fmt(value, fmt):
+    return fmt % value if value is not None else "-"
+
+
+def print_table(rows, a0, target, opts):
+    print("\n# baseline A0 = %.4f (%s at batch %d, mean of %d seeds); target %.4f"
+          % (a0, opts.recipes[0], opts.batches[0], len(opts.seeds), target))
+    print("# %-7s %7s %9s %9s %8s %10s %10s %9s %9s"
+          % ("recipe", "batch", "final", "best", "reached", "steps->tgt", "s->tgt",
+             "B_simple", "diverged"))
+    for r in rows:
+        print("  %-7s %7d %9.4f %9.4f %5d/%-2d %10s %10s %9s %9d"
+              % (r["recipe"], r["batch"], r["final_acc"], r["best_acc"], r["reached"],
+                 r["seeds"], _fmt(r["steps_to_target"], "%.0f"),
+                 _fmt(r["time_to_target_s"], "%.1f"), _fmt(r["b_simple"], "%.0f"),
+                 r["diverged"]))
+    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+        r = next(x for x in rows if x["recipe"] == recipe)
+        print("# %s: fit S = S_min (1 + B_noise/B): S_min %s, B_noise %s; measured critical "
+              "batch (2x the perfect-scaling steps) %s"
+              % (recipe, _fmt(r["fit_s_min"], "%.0f"), _fmt(r["fit_b_noise"], "%.0f"),
+                 _fmt(r["critical_batch"], "%.0f")))
+
+
+def plot(rows, target, path):
+    """Left: final test accuracy against global batch per recipe. Right: steps
+    to the target against batch (log-log) with the perfect-scaling line and the
+    McCandlish fit."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (acc, steps) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+        mine = [r for r in rows if r["recipe"] == recipe]
+        line = acc.plot([r["batch"] for r in mine], [r["final_acc"] for r in mine],
+                        marker="o", label=recipe)[0]
+        pts = [(r["batch"], r["steps_to_target"]) for r in mine
+               if r["steps_to_target"] is not None]
+        if not pts:
+            continue
+        steps.plot(*zip(*pts), marker="o", color=line.get_color(), label=recipe)
+        b0, s0 = pts[0]
+        bs = [r["batch"] for r in mine]
+        steps.plot(bs, [s0 * b0 / b for b in bs], ls=":", color=line.get_color(), lw=0.8)
+        if mine[0]["fit_s_min"]:
+            s_min, b_noise = mine[0]["fit_s_min"], mine[0]["fit_b_noise"]
+            steps.plot(bs, [s_min * (1 + b_noise / b) for b in bs], ls="--",
+                       color=line.get_color(), lw=0.8)
+    acc.axhline(target, color="gray", lw=0.5)
+    acc.set_xscale("log", base=2)
+    acc.set_xlabel("global batch")
+    acc.set_ylabel("final test accuracy")
+    acc.legend(fontsize=8)
+    steps.set_xscale("log", base=2)
+    steps.set_yscale("log")
+    steps.set_xlabel("global batch")
+    steps.set_ylabel("steps to target %.3f (dotted: perfect scaling, dashed: fit)" % target)
+    steps.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)

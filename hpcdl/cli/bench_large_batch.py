@@ -1,0 +1,104 @@
+"""bench_large_batch.py - `hpcdl bench large-batch`: the options of
+hpcdl/bench/large_batch.py (accuracy, steps and time to a target accuracy
+against the global batch, per recipe, and the gradient noise scale).
+
+    hpcdl bench large-batch -n 4 --batches 64,2048,8192 --recipes goyal,lars,plain \
+        --epochs 10 --seeds 0,1,2 --json lb.json --plot lb.png
+"""
+import sys
+
+from .main import UsageError
+from .run import add_launch_args
+
+
+def register(sub):
+    p = sub.add_parser(
+        "large-batch", help="accuracy and time to accuracy against the global batch",
+        description="Trains the same model for the same epoch budget at every global "
+                    "batch with every recipe and seed (one run after another on the job's "
+                    "ranks), then prints per recipe x batch the final and best test accuracy "
+                    "(mean over seeds), steps and training seconds to the target (read at "
+                    "epoch ends), the gradient noise scale B_simple, and per recipe "
+                    "McCandlish's fit S = S_min (1 + B_noise/B) with the measured critical "
+                    "batch. The target is the baseline's accuracy (first recipe, smallest "
+                    "batch) minus --target-drop, unless --target is given.",
+        epilog="example: hpcdl bench large-batch -n 4 --batches 64,2048,8192 "
+               "--recipes goyal,lars,plain --epochs 10 --plot lb.png")
+    add_launch_args(p)
+    p.add_argument("--batches", default="64,256,1024,2048,4096,8192",
+                   help="global batch sizes, comma-separated (default 64,...,8192)")
+    p.add_argument("--recipes", default="goyal,lars,lamb,plain",
+                   help="recipes (configs/recipes/), the first is the baseline's "
+                        "(default goyal,lars,lamb,plain)")
+    p.add_argument("--seeds", default="0", help="seeds, comma-separated (default 0)")
+    p.add_argument("--epochs", type=int, default=10, help="epoch budget of every run")
+    p.add_argument("--data", default="mnist1d", help="as hpcdl train --data (default mnist1d)")
+    p.add_argument("--model", default="cnn1d", help="as hpcdl train --model (default cnn1d)")
+    p.add_argument("--target", type=float, default=None,
+                   help="target test accuracy (default: baseline's minus --target-drop)")
+    p.add_argument("--target-drop", type=float, default=0.01,
+                   help="target = baseline accuracy minus this (default 0.01: one point)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="keep every run's metrics.jsonl and curves here")
+    p.add_argument("--json", default=None, metavar="FILE", help="write rows and runs as JSON")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="accuracy vs batch and steps-to-target vs batch")
+    p.set_defaults(func=run)
+
+
+def _ints(flag, text):
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError("%s %r: give integers separated by commas, e.g. 64,2048" % (flag, text))
+    if not values or min(values) < 1:
+        raise UsageError("%s %r: give at least one value, each at least 1" % (flag, text))
+    return values
+
+
+def options(args):
+    from ..bench.large_batch import Options
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    if not recipes:
+        raise UsageError("--recipes: give at least one recipe, e.g. goyal,lars")
+    if args.epochs < 1:
+        raise UsageError("--epochs must be at least 1")
+    if args.target is not None and not 0 < args.target <= 1:
+        raise UsageError("--target %r: give an accuracy in (0, 1]" % args.target)
+    if not 0 <= args.target_drop < 1:
+        raise UsageError("--target-drop %r: give a value in [0, 1)" % args.target_drop)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [0]
+    return Options(batches=sorted(set(_ints("--batches", args.batches))), recipes=recipes,
+                   seeds=seeds, epochs=args.epochs, data=args.data, model=args.model,
+                   target=args.target, target_drop=args.target_drop, out=args.out,
+                   json=args.json, plot=args.plot)
+
+
+def check_configs(opts):
+    """Every run's config checked before any rank starts: a bad recipe, batch
+    or data name is one line here, not an error on every rank later."""
+    from ..train import ConfigError, TrainConfig
+    for recipe in opts.recipes:
+        for batch in opts.batches:
+            cfg = TrainConfig(data=opts.data, model=opts.model, recipe=recipe,
+                              global_batch=batch, epochs=opts.epochs)
+            try:
+                cfg.check(1)
+            except ConfigError as e:
+                raise UsageError("recipe %s, batch %d: %s" % (recipe, batch, e))
+
+
+def run(args):
+    opts = options(args)
+    check_configs(opts)
+    from . import run as launcher
+    if args.n is not None and not launcher.inside_parallel_job():
+        argv = [sys.executable, "-m", "hpcdl", "bench", "large-batch"]
+        for flag in ("batches", "recipes", "seeds", "epochs", "data", "model", "target",
+                     "target_drop", "out", "json", "plot"):
+            value = getattr(args, flag)
+            argv += ["--" + flag.replace("_", "-"), str(value)] if value is not None else []
+        return launcher.launch(args.n, argv, **launcher.launch_options(args))
+    from ..bench import large_batch
+    from .bench import _abort_on_error
+    return _abort_on_error(large_batch.run, opts)

@@ -1,0 +1,67 @@
+"""test_large_batch.py - the analysis of `hpcdl bench large-batch` (steps to
+the target, McCandlish's fit, the critical batch) on hand-worked numbers, and
+its option checks. The study's runs themselves are benchmarks, not tests."""
+import math
+
+import pytest
+
+from hpcdl.bench import large_batch as lb
+
+
+def _epochs(accs, steps_per_epoch, seconds_per_epoch=2.0):
+    return [dict(epoch=i + 1, step=(i + 1) * steps_per_epoch, test_accuracy=a, loss=1.0 / (i + 1),
+                 epoch_time_s=seconds_per_epoch) for i, a in enumerate(accs)]
+
+
+def test_first_reach_counts_steps_and_train_seconds_to_the_first_epoch_at_target():
+    recs = _epochs([0.5, 0.8, 0.92, 0.91, 0.95], steps_per_epoch=10, seconds_per_epoch=1.5)
+    assert lb.first_reach(recs, 0.9) == (30, 4.5, 3)
+    assert lb.first_reach(recs, 0.95) == (50, 7.5, 5)
+    assert lb.first_reach(recs, 0.96) is None
+
+
+def test_fit_recovers_the_model_it_was_made_from():
+    s_min, b_noise = 250.0, 1500.0
+    pts = [(b, s_min * (1 + b_noise / b)) for b in (64, 256, 1024, 4096)]
+    a, bn = lb.fit_steps(pts)
+    assert a == pytest.approx(s_min, rel=1e-9) and bn == pytest.approx(b_noise, rel=1e-9)
+    assert lb.fit_steps(pts[:1]) is None                 # one batch size: no fit
+    assert lb.fit_steps([(64, 100), (128, 200)]) is None  # steps grow with B: no meaning
+
+
+def test_critical_batch_where_steps_reach_twice_perfect_scaling():
+    # perfect scaling from (64, 1000): 500 at 128, 250 at 256, 125 at 512;
+    # ratios 1, 1.2, 1.6, 2.56: the crossing of 2 lies between 256 and 512,
+    # at log-fraction (ln2 - ln1.6) / (ln2.56 - ln1.6) of the way
+    pts = [(128, 600), (64, 1000), (512, 320), (256, 400)]
+    t = (math.log(2) - math.log(1.6)) / (math.log(2.56) - math.log(1.6))
+    assert lb.critical_batch(pts) == pytest.approx(256 * 2 ** t, rel=1e-12)
+    assert lb.critical_batch([(64, 1000), (128, 500)]) is None  # perfect scaling: never
+    # points of McCandlish's model cross near B_noise + 2 B0 (docstring)
+    s_min, b_noise = 100.0, 4000.0
+    model = [(b, s_min * (1 + b_noise / b)) for b in (64, 128, 256, 512, 1024, 2048, 4096, 8192)]
+    assert lb.critical_batch(model) == pytest.approx(b_noise + 2 * 64, rel=0.15)
+
+
+def test_summarize_means_over_seeds_and_counts_runs_that_missed():
+    runs = [dict(recipe="goyal", batch=64, seed=s, epochs=_epochs(a, 100))
+            for s, a in enumerate(([0.90, 0.96], [0.94, 0.98]))]
+    runs += [dict(recipe="goyal", batch=1024, seed=s, epochs=_epochs(a, 7))
+             for s, a in enumerate(([0.5, 0.96], [0.6, 0.8]))]
+    rows = lb.summarize(runs, target=0.95)
+    small, large = rows
+    assert small["final_acc"] == pytest.approx(0.97) and small["best_acc"] == pytest.approx(0.97)
+    assert small["reached"] == 2 and small["steps_to_target"] == pytest.approx(200)
+    assert small["time_to_target_s"] == pytest.approx(4.0)
+    assert large["reached"] == 1 and large["steps_to_target"] is None  # one seed missed
+    assert large["final_acc"] == pytest.approx(0.88)
+    assert small["fit_s_min"] is None  # one batch reached in every seed: no fit
+
+
+def test_cli_refuses_bad_values_in_one_line(capsys):
+    from hpcdl.cli.main import main
+    for argv, text in ((["--batches", "64,x"], "--batches"), (["--batches", "0"], "at least 1"),
+                       (["--target", "1.5"], "(0, 1]"), (["--epochs", "0"], "--epochs")):
+        rc = main(["bench", "large-batch"] + argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and text in err, (argv, rc, err)
