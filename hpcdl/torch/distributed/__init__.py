@@ -1,0 +1,51 @@
+"""hpcdl.torch.distributed - hpcdl as a torch.distributed backend.
+
+    import hpcdl.torch                        # registers backend "hpcdl"; starts no MPI
+    import torch.distributed as dist
+    dist.init_process_group("hpcdl")          # was "gloo"; MPI is the rendezvous
+    model = DDP(model)                        # DDP, all_reduce, all_gather, ... on hpcdl
+
+Run under `hpcdl run -n 4 -- python train.py`, mpirun or srun; no
+MASTER_ADDR/MASTER_PORT needed (_rendezvous.py says how). Also as
+"cpu:hpcdl,cuda:hpcdl". What works and what not yet: docs/torch_distributed.md.
+
+Registering only records a creator with torch; MPI starts in the rendezvous
+or in the creator (hpcdl.comm.init()), when init_process_group is called.
+"""
+import torch.distributed as dist
+
+from . import _rendezvous
+
+BACKEND = "hpcdl"
+_registered = False
+
+
+def _create(store, rank, world_size, timeout):
+    """torch's creator hook: the default group's ProcessGroupHpcdl. rank and
+    world_size came from the rendezvous; they must be MPI's."""
+    from ... import comm
+    from .process_group import ProcessGroupHpcdl
+    world = comm.init()
+    if (rank, world_size) != (world.rank, world.size):
+        raise ValueError(
+            "init_process_group('hpcdl'): torch was given rank %d of %d but MPI says rank %d "
+            "of %d; the hpcdl backend takes rank and size from MPI: drop rank=/world_size= "
+            "(or RANK/WORLD_SIZE that do not match the launcher's)"
+            % (rank, world_size, world.rank, world.size))
+    return ProcessGroupHpcdl(world, timeout)
+
+
+def register():
+    """Registers backend "hpcdl" with torch.distributed (idempotent, cheap)."""
+    global _registered
+    if _registered:
+        return
+    _rendezvous.install()
+    if BACKEND not in dist.Backend.backend_list:
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+    _registered = True
+
+
+def is_available():
+    """True: hpcdl's backend needs nothing but hpcdl's own core and MPI."""
+    return True

@@ -1,0 +1,339 @@
+"""process_group.py - ProcessGroupHpcdl: torch.distributed's collectives on
+hpcdl's Communicator (hpcdl.comm), for init_process_group("hpcdl").
+
+A Python subclass of torch's ProcessGroup (torch calls its methods from
+Python and, through its trampoline, from C++: DDP's reducer, functional
+collectives). Rank and size are the Communicator's, i.e. MPI's.
+
+Where each call runs:
+- engine (asynchronous, in submission order, the core's agreement check
+  and stall inspector): all_reduce (+ coalesced), reduce (an all-reduce whose
+  result only the root keeps), broadcast, all_gather, all_gather_into_tensor,
+  reduce_scatter, reduce_scatter_tensor, barrier (a 1-element all-reduce).
+- caller's thread, after the engine's queue of this group is done (so the
+  order of calls is the order they were made): gather, scatter, all_to_all,
+  all_to_all_single (the Communicator's all-to-all; gather and scatter are
+  all-to-alls where only the root sends or receives). Their Works are done
+  when returned.
+- not yet: send / recv / batched p2p (hpcdl.comm has no point-to-point).
+
+Sub-groups: torch's new_group() delegates to new_group() here, which splits
+the Communicator (collective over every rank, like new_group itself).
+"""
+import torch
+import torch.distributed as dist
+
+from . import _tensors as T
+from ._work import Work, done_work
+
+BACKEND_NAME = "hpcdl"
+
+
+class ProcessGroupHpcdl(dist.ProcessGroup):
+    """torch.distributed's ProcessGroup over one hpcdl Communicator."""
+
+    def __init__(self, communicator, timeout=None):
+        super().__init__(communicator.rank, communicator.size)
+        self._comm = communicator
+        self._timeout = timeout  # kept for torch; hpcdl's stall inspector handles hangs
+        self._pending = []       # engine Works not yet known to be done, in order
+        self._cuda = _core_has_cuda()
+
+    def getBackendName(self):
+        return BACKEND_NAME
+
+    def __repr__(self):
+        return "ProcessGroupHpcdl(rank=%d, size=%d)" % (self.rank(), self.size())
+
+    # ------------------------------------------------------------ plumbing
+    def _queued(self, handles, result, then, name):
+        work = Work(handles, result, then, name)
+        pending = self._pending
+        if len(pending) >= 64:
+            pending[:] = [w for w in pending if not w.is_completed()]
+        pending.append(work)
+        return work
+
+    def _drain(self):
+        """Waits for this group's queued engine work (before a caller-thread call)."""
+        pending, self._pending = self._pending, []
+        for work in pending:
+            if not work.is_completed():  # a finished one's error went to its waiter
+                work.wait()
+
+    # ----------------------------------------------------------- all-reduce
+    def allreduce(self, tensors, opts=None):
+        op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
+        handles, thens = [], []
+        for t in tensors:
+            view, then = T.core_view(t, op, device_ok=self._cuda)
+            handles.append(self._comm.allreduce_async(view, op=op, name="torch.all_reduce"))
+            thens.append(then)
+        return self._queued(handles, list(tensors), T.chain(*thens), "all_reduce")
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors, opts=None):
+        op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
+        root = _opt(opts, "rootRank", 0)
+        t = tensors[_opt(opts, "rootTensor", 0)]
+        view, then = T.core_view(t, op)
+        if self.rank() == root:
+            h = self._comm.allreduce_async(view, op=op, name="torch.reduce")
+        else:  # the root's result only: this rank's tensor stays as it was
+            h = self._comm.allreduce_async(view, torch.empty_like(view), op=op,
+                                           name="torch.reduce")
+            then = None
+        return self._queued([h], list(tensors), then, "reduce")
+
+    # -------------------------------------------------------- data movement
+    def broadcast(self, tensors, opts=None):
+        root = _opt(opts, "rootRank", 0)
+        handles, thens = [], []
+        for t in tensors:
+            view, then = T.core_view(t)
+            handles.append(self._comm.broadcast_async(view, root, name="torch.broadcast"))
+            thens.append(then)
+        return self._queued(handles, list(tensors), T.chain(*thens), "broadcast")
+
+    def allgather(self, output_lists, inputs, opts=None):
+        handles, thens = [], []
+        for outs, inp in zip(output_lists, inputs):
+            _check_list(outs, self.size(), "all_gather: output list")
+            counts = [o.numel() for o in outs]
+            if inp.numel() != counts[self.rank()]:
+                raise ValueError("all_gather: input has %d elements but output[%d] has %d"
+                                 % (inp.numel(), self.rank(), counts[self.rank()]))
+            view, _ = T.core_view(inp)
+            flat = torch.empty(sum(counts), dtype=T.word_dtype(inp))
+            handles.append(self._comm.allgather_async(view, flat, counts=counts,
+                                                      name="torch.all_gather"))
+            thens.append(_unpack(flat, outs))
+        return self._queued(handles, list(output_lists), T.chain(*thens), "all_gather")
+
+    def all_gather_single(self, output, inp, opts=None):
+        n = inp.numel()
+        if output.numel() != n * self.size():
+            raise ValueError("all_gather_into_tensor: output has %d elements, need %d x %d "
+                             "ranks = %d" % (output.numel(), n, self.size(), n * self.size()))
+        out_view, then = T.core_view(output)
+        in_view, _ = T.core_view(inp)
+        h = self._comm.allgather_async(in_view, out_view, counts=[n] * self.size(),
+                                       name="torch.all_gather_into_tensor")
+        return self._queued([h], [output], then, "all_gather_into_tensor")
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _joined(works, list(outputs), "all_gather_into_tensor_coalesced")
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    # ------------------------------------------------------- reduce-scatter
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
+        handles, thens = [], []
+        for out, ins in zip(outputs, input_lists):
+            _check_list(ins, self.size(), "reduce_scatter: input list")
+            counts = [i.numel() for i in ins]
+            if out.numel() != counts[self.rank()]:
+                raise ValueError("reduce_scatter: output has %d elements but input[%d] has %d"
+                                 % (out.numel(), self.rank(), counts[self.rank()]))
+            flat = torch.cat([i.detach().reshape(-1).cpu() for i in ins]) if ins else out
+            send, _ = T.core_view(flat, op)
+            recv, then = T.core_view(out, op)
+            handles.append(self._comm.reduce_scatter_async(send, recv, counts=counts, op=op,
+                                                           name="torch.reduce_scatter"))
+            thens.append(then)
+        return self._queued(handles, list(outputs), T.chain(*thens), "reduce_scatter")
+
+    def reduce_scatter_single(self, output, inp, opts=None):
+        op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
+        n = output.numel()
+        if inp.numel() != n * self.size():
+            raise ValueError("reduce_scatter_tensor: input has %d elements, need %d x %d ranks "
+                             "= %d" % (inp.numel(), n, self.size(), n * self.size()))
+        send, _ = T.core_view(inp, op)
+        recv, then = T.core_view(output, op)
+        h = self._comm.reduce_scatter_async(send, recv, counts=[n] * self.size(), op=op,
+                                            name="torch.reduce_scatter_tensor")
+        return self._queued([h], [output], then, "reduce_scatter_tensor")
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _joined(works, list(outputs), "reduce_scatter_tensor_coalesced")
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -------------------------------------------------------------- barrier
+    def barrier(self, opts=None):
+        token = torch.zeros(1, dtype=torch.int32)
+        h = self._comm.allreduce_async(token, name="torch.barrier")
+        return self._queued([h], [token], None, "barrier")
+
+    # ------------------------------------ all-to-all family (caller's thread)
+    def _alltoall(self, send, send_counts, unit, what):
+        self._drain()
+        return self._comm.alltoall(send, send_counts, unit)
+
+    def alltoall(self, outputs, inputs, opts=None):
+        _check_list(outputs, self.size(), "all_to_all: output list")
+        _check_list(inputs, self.size(), "all_to_all: input list")
+        send = _cat(inputs, outputs[0] if outputs else None)
+        recv, counts = self._alltoall(send, [i.numel() for i in inputs], 1, "all_to_all")
+        _expect(counts, [o.numel() for o in outputs], "all_to_all: output tensors")
+        _unpack(recv, outputs)()
+        return done_work(list(outputs), "all_to_all")
+
+    def all_to_all_single(self, output, inp, output_splits, input_splits, opts=None):
+        size = self.size()
+        unit = _row_elements(inp)
+        in_rows = _splits(input_splits, inp, size, "input")
+        out_rows = _splits(output_splits, output, size, "output")
+        recv, counts = self._alltoall(T.host_flat(inp), in_rows, unit, "all_to_all_single")
+        _expect(counts, out_rows, "all_to_all_single: output_split_sizes")
+        output.copy_(recv.reshape(output.shape))
+        return done_work([output], "all_to_all_single")
+
+    alltoall_base = all_to_all_single
+
+    def gather(self, output_lists, inputs, opts=None):
+        root, size = _opt(opts, "rootRank", 0), self.size()
+        inp = inputs[0]
+        counts = [0] * size
+        counts[root] = inp.numel()
+        recv, got = self._alltoall(T.host_flat(inp), counts, 1, "gather")
+        if self.rank() == root:
+            outs = output_lists[0]
+            _check_list(outs, size, "gather: gather_list")
+            _expect(got, [o.numel() for o in outs], "gather: gather_list tensors")
+            _unpack(recv, outs)()
+        return done_work(list(output_lists), "gather")
+
+    def scatter(self, outputs, input_lists, opts=None):
+        root, size = _opt(opts, "rootRank", 0), self.size()
+        out = outputs[0]
+        if self.rank() == root:
+            ins = input_lists[0]
+            _check_list(ins, size, "scatter: scatter_list")
+            send, counts = _cat(ins, out), [i.numel() for i in ins]
+        else:
+            send, counts = torch.empty(0, dtype=out.dtype), [0] * size
+        recv, got = self._alltoall(send, counts, 1, "scatter")
+        _expect([got[root]], [out.numel()], "scatter: output tensor")
+        out.copy_(recv.reshape(out.shape))
+        return done_work(list(outputs), "scatter")
+
+    # ------------------------------------------------------- point-to-point
+    def send(self, tensors, dst, tag=0):
+        raise NotImplementedError(_NO_P2P)
+
+    def recv(self, tensors, src, tag=0):
+        raise NotImplementedError(_NO_P2P)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise NotImplementedError(_NO_P2P)
+
+    # ----------------------------------------------------------- sub-groups
+    def new_group(self, ranks, timeout=None, pg_options=None, group_name=None,
+                  group_desc=None):
+        """torch's new_group() lands here on every rank of this group: a
+        ProcessGroupHpcdl over the split Communicator, None outside it."""
+        ranks = list(range(self.size())) if ranks is None else list(ranks)
+        if ranks != sorted(ranks):
+            raise ValueError("new_group(ranks=%s): the hpcdl backend numbers a sub-group's ranks "
+                             "in ascending order; pass sort_ranks=True" % ranks)
+        self._drain()
+        child = self._comm.split(ranks)
+        if child is None:
+            return None
+        group = ProcessGroupHpcdl(child, timeout)
+        group._owns_comm = True
+        return group
+
+    def shutdown(self):
+        """destroy_process_group(): waits for this group's work; a sub-group
+        frees its Communicator (collective over its ranks; torch shuts groups
+        down in the same order on every rank). The world's Communicator stays
+        with hpcdl.comm, which closes it at exit."""
+        self._drain()
+        if getattr(self, "_owns_comm", False) and self._comm is not None:
+            comm, self._comm = self._comm, None
+            comm.free()
+
+
+_NO_P2P = ("send / recv / isend / irecv / batch_isend_irecv are not in the hpcdl backend yet "
+           "(hpcdl.comm has no point-to-point); use collectives, or gloo for a p2p group")
+
+
+def _core_has_cuda():
+    from ... import _core
+    return bool(_core.built_with_cuda())
+
+
+def _opt(opts, name, default):
+    return default if opts is None else getattr(opts, name, default)
+
+
+def _check_list(tensors, size, what):
+    if len(tensors) != size:
+        raise ValueError("%s has %d tensors; the group has %d ranks" % (what, len(tensors), size))
+
+
+def _expect(got, want, what):
+    if list(got) != list(want):
+        raise ValueError("%s hold %s elements per rank, but the ranks sent %s"
+                         % (what, list(want), list(got)))
+
+
+def _cat(tensors, like):
+    """The tensors' elements, flat and concatenated on the host."""
+    if not tensors:
+        return torch.empty(0, dtype=like.dtype if like is not None else torch.float32)
+    return torch.cat([T.host_flat(t) for t in tensors])
+
+
+def _unpack(flat, outs):
+    """A step copying consecutive pieces of flat into outs (their sizes, dtypes)."""
+    def then():
+        start = 0
+        for o in outs:
+            n = o.numel()
+            o.copy_(T.unword(flat[start:start + n], o))
+            start += n
+    return then
+
+
+def _joined(works, result, name):
+    """One Work that is done when every one of works is."""
+    def then():
+        for w in works:
+            w.wait()
+    return Work((), result, then, name)
+
+
+def _row_elements(t):
+    """Elements per row along dim 0 (the unit all_to_all_single splits by)."""
+    if t.dim() == 0:
+        return 1
+    n = 1
+    for d in t.shape[1:]:
+        n *= d
+    return n
+
+
+def _splits(splits, t, size, what):
+    rows = t.shape[0] if t.dim() else t.numel()
+    if splits:
+        if len(splits) != size or sum(splits) != rows:
+            raise ValueError("all_to_all_single: %s_split_sizes %s must be %d sizes summing to "
+                             "its %d rows" % (what, list(splits), size, rows))
+        return [int(s) for s in splits]
+    if rows % size:
+        raise ValueError("all_to_all_single: %s has %d rows, not divisible by %d ranks; pass "
+                         "%s_split_sizes" % (what, rows, size, what))
+    return [rows // size] * size

@@ -1,0 +1,124 @@
+"""torch_backend_ddp.py - run under mpirun: DistributedDataParallel on backend
+"hpcdl" against one process on the same global batch (exact to 1e-6 relative
+in float32): plain DDP with small buckets (several all-reduces in flight
+during backward), DDP with register_comm_hook (torch's allreduce_hook, and a
+hook of our own chaining the future), gradient accumulation with no_sync(),
+and find_unused_parameters. Prints 'CHECKS n FAILED k'."""
+import os
+
+for var in ("MASTER_ADDR", "MASTER_PORT"):
+    os.environ.pop(var, None)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from torch_common import N, R, check, run  # noqa: E402
+
+dist.init_process_group("hpcdl")
+B_LOCAL, D_IN, D_HID, D_OUT, STEPS, LR = 4, 12, 32, 5, 4, 0.1
+TOL = 1e-6
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, unused=False):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(D_IN, D_HID)
+        self.fc2 = torch.nn.Linear(D_HID, D_HID)
+        self.fc3 = torch.nn.Linear(D_HID, D_OUT)
+        self.spare = torch.nn.Linear(D_HID, D_OUT) if unused else None
+
+    def forward(self, x):
+        return self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
+
+
+def batch(step, micro=0):
+    """The global batch of a step (every rank builds it; rank r uses rows r*B..)."""
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    x = torch.randn(N * B_LOCAL, D_IN, generator=g)
+    y = torch.randn(N * B_LOCAL, D_OUT, generator=g)
+    return x, y
+
+
+def mine(t):
+    return t[R * B_LOCAL:(R + 1) * B_LOCAL]
+
+
+def reference(micro_batches, unused=False):
+    """One process: the same model and steps on the whole global batch."""
+    torch.manual_seed(0)
+    model = MLP(unused)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for micro in range(micro_batches):
+            x, y = batch(step, micro)
+            loss = torch.nn.functional.mse_loss(model(x), y) / micro_batches
+            loss.backward()
+        opt.step()
+    return model
+
+
+def distributed(micro_batches, hook=None, unused=False, bucket_mb=0.001):
+    torch.manual_seed(0)
+    model = DDP(MLP(unused), bucket_cap_mb=bucket_mb, find_unused_parameters=unused)
+    if hook is not None:
+        model.register_comm_hook(None, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for micro in range(micro_batches):
+            x, y = batch(step, micro)
+            last = micro == micro_batches - 1
+            ctx = model.no_sync() if not last else _nothing()
+            with ctx:
+                loss = torch.nn.functional.mse_loss(model(mine(x)), mine(y)) / micro_batches
+                loss.backward()
+        opt.step()
+    return model.module
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def compare(name, got, want):
+    worst = 0.0
+    for (pname, p), q in zip(got.named_parameters(), want.parameters()):
+        rel = ((p - q).abs().max() / q.abs().max().clamp_min(1e-12)).item()
+        worst = max(worst, rel)
+    check(worst <= TOL, "%s: max relative difference %.3g > %g" % (name, worst, TOL))
+    if R == 0:
+        print("%s: max relative difference %.3g" % (name, worst), flush=True)
+
+
+def chained_hook(state, bucket):
+    """A hook of our own: all_reduce through the backend, average in .then()."""
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0] / dist.get_world_size())
+
+
+def plain():
+    compare("ddp", distributed(1), reference(1))
+
+
+def hooks():
+    compare("ddp allreduce_hook", distributed(1, default_hooks.allreduce_hook), reference(1))
+    compare("ddp chained hook", distributed(1, chained_hook), reference(1))
+
+
+def accumulate():
+    compare("ddp no_sync x3", distributed(3), reference(3))
+
+
+def unused():
+    compare("ddp find_unused_parameters", distributed(1, unused=True), reference(1, True))
+
+
+if __name__ == "__main__":
+    run(plain, hooks, accumulate, unused, dist.destroy_process_group)

@@ -1,0 +1,98 @@
+"""test_torch_backend.py - hpcdl as a torch.distributed backend ("hpcdl").
+
+In one process: importing hpcdl.torch registers the backend without starting
+MPI's collectives, op and dtype mapping, a one-rank group. Under mpirun (2
+and 3 ranks, no MASTER_ADDR/PORT): every collective against single-process
+math (tests/mpi_scripts/torch_backend_check.py, one launch for all cases),
+sub-groups, a count mismatch raising hpcdl's MismatchError, and DDP (plain,
+comm hooks, no_sync accumulation, unused parameters) against one process on
+the same global batch (torch_backend_ddp.py)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hpcdl.torch  # noqa: F401 - registers the backend
+from hpcdl.torch.distributed import _tensors
+from mpi_harness import run_python
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "mpi_scripts")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------- one process
+def test_import_registers_backend():
+    import torch.distributed as dist
+    assert "hpcdl" in dist.Backend.backend_list
+    assert dist.Backend.backend_capability["hpcdl"] == ["cpu", "cuda"]
+    assert dist.Backend("hpcdl") == "hpcdl"
+
+
+def test_registering_starts_no_hpcdl_core():
+    code = ("import hpcdl.torch, torch.distributed as dist, hpcdl.comm as c; "
+            "assert 'hpcdl' in dist.Backend.backend_list; "
+            "assert not c.is_initialized(); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_reduce_op_mapping():
+    op = torch.distributed.ReduceOp
+    assert [_tensors.reduce_op(o) for o in (op.SUM, op.AVG, op.MIN, op.MAX, op.PRODUCT)] == \
+        ["sum", "average", "min", "max", "prod"]
+    for bad in (op.BAND, op.BOR, op.BXOR):
+        with pytest.raises(ValueError, match="cannot reduce with ReduceOp.B"):
+            _tensors.reduce_op(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.uint8, torch.bool,
+                                   torch.complex64, torch.float64])
+def test_core_view_moves_any_dtype_bit_exactly(dtype):
+    t = (torch.arange(10) % 3).to(dtype)
+    view, finish = _tensors.core_view(t)
+    assert view.dtype in _tensors.CORE_DTYPES
+    back = _tensors.unword(view.clone(), t)
+    assert torch.equal(back, t)
+    if finish is None:  # a view: same memory
+        assert view.data_ptr() == t.data_ptr()
+
+
+def test_core_view_refuses_what_cannot_be_reduced():
+    with pytest.raises(TypeError, match="cannot reduce torch.complex64 tensors with max"):
+        _tensors.core_view(torch.zeros(3, dtype=torch.complex64), "max")
+    wide, finish = _tensors.core_view(torch.ones(3, dtype=torch.uint8), "sum")
+    assert wide.dtype == torch.int64 and finish is not None
+
+
+def test_non_contiguous_is_staged_and_copied_back():
+    base = torch.arange(12.).reshape(3, 4)
+    t = base.t()
+    view, finish = _tensors.core_view(t, "sum")
+    assert view.is_contiguous() and finish is not None
+    view.mul_(2)
+    finish()
+    assert torch.equal(base, torch.arange(12.).reshape(3, 4) * 2)
+
+
+# ---------------------------------------------------------------- multi-rank
+def _check(n, script, *args, timeout=120):
+    r = run_python(n, os.path.join(SCRIPTS, script), args=args, timeout=timeout,
+                   env={"MASTER_ADDR": "", "MASTER_PORT": ""})
+    assert "FAILED 0" in r.stdout, r.stdout
+    return r.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_match_single_process_math(n):
+    _check(n, "torch_backend_check.py", "all")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_ddp_matches_one_process(n):
+    out = _check(n, "torch_backend_ddp.py")
+    assert out.count("max relative difference") == 5, out
