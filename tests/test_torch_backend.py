@@ -4,9 +4,10 @@ In one process: importing hpcdl.torch registers the backend without starting
 MPI's collectives, op and dtype mapping, a one-rank group. Under mpirun (2
 and 3 ranks, no MASTER_ADDR/PORT): every collective against single-process
 math (tests/mpi_scripts/torch_backend_check.py, one launch for all cases),
-sub-groups, a count mismatch raising hpcdl's MismatchError, and DDP (plain,
-comm hooks, no_sync accumulation, unused parameters) against one process on
-the same global batch (torch_backend_ddp.py)."""
+sub-groups, a count mismatch raising hpcdl's MismatchError; DDP (plain,
+comm hooks, no_sync accumulation, unused parameters), FSDP2 fully_shard
+(reshard on and off) and DTensor tensor parallelism against one process on
+the same global batch (torch_backend_models.py)."""
 import os
 import subprocess
 import sys
@@ -93,6 +94,6 @@ def test_collectives_match_single_process_math(n):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
-def test_ddp_matches_one_process(n):
-    out = _check(n, "torch_backend_ddp.py")
-    assert out.count("max relative difference") == 5, out
+def test_ddp_fsdp2_tensor_parallel_match_one_process(n):
+    out = _check(n, "torch_backend_models.py", timeout=180)
+    assert out.count("max relative difference") == 8, out

@@ -42,6 +42,20 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
     def getBackendName(self):
         return BACKEND_NAME
 
+    # torch names a group after creating it (DeviceMesh and functional
+    # collectives look groups up by name); a Python group keeps them itself
+    def setGroupName(self, name):
+        self._group_name = name
+
+    def getGroupName(self):
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc):
+        self._group_desc = desc
+
+    def getGroupDesc(self):
+        return getattr(self, "_group_desc", "")
+
     def __repr__(self):
         return "ProcessGroupHpcdl(rank=%d, size=%d)" % (self.rank(), self.size())
 

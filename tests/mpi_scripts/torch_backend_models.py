@@ -1,9 +1,11 @@
-"""torch_backend_ddp.py - run under mpirun: DistributedDataParallel on backend
-"hpcdl" against one process on the same global batch (exact to 1e-6 relative
-in float32): plain DDP with small buckets (several all-reduces in flight
-during backward), DDP with register_comm_hook (torch's allreduce_hook, and a
-hook of our own chaining the future), gradient accumulation with no_sync(),
-and find_unused_parameters. Prints 'CHECKS n FAILED k'."""
+"""torch_backend_models.py - run under mpirun: training on backend "hpcdl"
+against one process on the same global batch (exact to 1e-6 relative in
+float32): DistributedDataParallel with small buckets (several all-reduces in
+flight during backward), with register_comm_hook (torch's allreduce_hook,
+and a hook of our own chaining the future), gradient accumulation with
+no_sync(), find_unused_parameters; FSDP2 fully_shard with reshard after
+forward on and off; DTensor tensor parallelism (ColwiseParallel /
+RowwiseParallel on the MLP). Prints 'CHECKS n FAILED k'."""
 import os
 
 for var in ("MASTER_ADDR", "MASTER_PORT"):
@@ -12,12 +14,16 @@ for var in ("MASTER_ADDR", "MASTER_PORT"):
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,  # noqa: E402
+                                               parallelize_module)
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from torch_common import N, R, check, run  # noqa: E402
 
 dist.init_process_group("hpcdl")
-B_LOCAL, D_IN, D_HID, D_OUT, STEPS, LR = 4, 12, 32, 5, 4, 0.1
+B_LOCAL, D_IN, D_HID, D_OUT, STEPS, LR = 4, 12, 24, 5, 4, 0.1  # D_HID: 2, 3, 4 ranks (TP)
 TOL = 1e-6
 
 
@@ -90,6 +96,8 @@ class _nothing:
 def compare(name, got, want):
     worst = 0.0
     for (pname, p), q in zip(got.named_parameters(), want.parameters()):
+        if hasattr(p, "full_tensor"):  # a DTensor (FSDP2, tensor parallel)
+            p = p.full_tensor()
         rel = ((p - q).abs().max() / q.abs().max().clamp_min(1e-12)).item()
         worst = max(worst, rel)
     check(worst <= TOL, "%s: max relative difference %.3g > %g" % (name, worst, TOL))
@@ -120,5 +128,43 @@ def unused():
     compare("ddp find_unused_parameters", distributed(1, unused=True), reference(1, True))
 
 
+def sharded(reshard):
+    """FSDP2: each Linear a unit, then the root; one mesh dimension over all ranks."""
+    mesh = init_device_mesh("cpu", (N,))
+    torch.manual_seed(0)
+    model = MLP()
+    for layer in (model.fc1, model.fc2, model.fc3):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(step)
+        torch.nn.functional.mse_loss(model(mine(x)), mine(y)).backward()
+        opt.step()
+    return model
+
+
+def fsdp2():
+    compare("fsdp2 reshard_after_forward=True", sharded(True), reference(1))
+    compare("fsdp2 reshard_after_forward=False", sharded(False), reference(1))
+
+
+def tensor_parallel():
+    """fc1 split by columns, fc2 by rows (one all-reduce in forward), fc3
+    replicated; every rank sees the whole batch, as in one process."""
+    mesh = init_device_mesh("cpu", (N,))
+    torch.manual_seed(0)
+    model = MLP()
+    parallelize_module(model, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(step)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    compare("tensor parallel colwise/rowwise", model, reference(1))
+
+
 if __name__ == "__main__":
-    run(plain, hooks, accumulate, unused, dist.destroy_process_group)
+    run(plain, hooks, accumulate, unused, fsdp2, tensor_parallel, dist.destroy_process_group)
