@@ -19,8 +19,9 @@ import argparse
 import signal
 import sys
 
-from ..train.config import (LR_SCALING, MODES, OPTIMIZERS, PRECISIONS, SCHEDULES,
-                            TRAIN_MODELS, ConfigError, TrainConfig, load_file)
+from ..train.config import (LR_SCALING, MODES, OPTIMIZERS, PRECISIONS, RECIPES, SCHEDULES,
+                            TRAIN_MODELS, ConfigError, TrainConfig, load_file, parse_bool,
+                            resolve)
 from ..utils.rankenv import torchrun_env
 from .main import UsageError
 from .run import add_launch_args
@@ -34,6 +35,9 @@ OPTIONS = (
     ("--workers", "workers", int, "DataLoader worker processes per rank (shard data)"),
     ("--stage-to", "stage_to", str, "copy the shards to node-local storage first "
                                     "(e.g. /dev/shm or $TMPDIR)"),
+    ("--recipe", "recipe", str, "named settings of optimizer, lr at a base batch, scaling, "
+                                "warmup, decay (configs/recipes/NAME.yaml): "
+                                + ", ".join(RECIPES)),
     ("--epochs", "epochs", int, "passes over the training set"),
     ("--global-batch", "global_batch", int, "samples per step over all ranks; a multiple "
                                             "of the rank count"),
@@ -44,6 +48,11 @@ OPTIONS = (
                                         + ", ".join(LR_SCALING)),
     ("--momentum", "momentum", float, "momentum (SGD, LARS, LARC)"),
     ("--weight-decay", "weight_decay", float, "L2 weight decay"),
+    ("--no-decay-bias-norm", "no_decay_bias_norm", "bool", "no weight decay on biases and "
+                                                           "norm parameters (always with "
+                                                           "lars, lamb)"),
+    ("--label-smoothing", "label_smoothing", float, "training loss with smoothed targets, "
+                                                    "0 <= EPS < 1"),
     ("--trust-coefficient", "trust_coefficient", float, "LARS / LARC trust coefficient "
                                                         "(default 0.001 / 0.02)"),
     ("--warmup-epochs", "warmup_epochs", float, "linear lr warmup over this many epochs"),
@@ -61,6 +70,9 @@ OPTIONS = (
     ("--zero", "zero", int, "ZeRO stage with --mode allreduce: 0 unsharded, 1 optimizer "
                             "state sharded, 2 also gradients, 3 also parameters (docs/zero.md)"),
     ("--seed", "seed", int, "seed for weights, data split and shuffles"),
+    ("--target-accuracy", "target_accuracy", float, "record the time, steps and epochs until "
+                                                    "the test accuracy first reaches this "
+                                                    "(0 < A <= 1)"),
     ("--checkpoint-dir", "checkpoint_dir", str, "write checkpoint.pt here"),
     ("--checkpoint-every", "checkpoint_every", int, "epochs between checkpoints"),
     ("--out", "out", str, "directory for metrics.jsonl, summary.json, curves.png, "
@@ -71,6 +83,7 @@ EPILOG = """\
 examples:
   hpcdl train -n 4 --epochs 30 --global-batch 128 --out runs/digits
   hpcdl train -n 4 --config configs/digits-large-lars.yaml
+  hpcdl train -n 4 --recipe goyal --global-batch 2048 --target-accuracy 0.95
   hpcdl train -n 2 --model resnet18 --data synthetic:3x32x32:10:2048 --precision bf16
 
 checkpoints: with --checkpoint-dir, checkpoint.pt is replaced atomically every
@@ -97,6 +110,14 @@ def _ints(example):
 INT_EXAMPLES = {"hidden": "256,128", "milestones": "10,20"}
 
 
+def _bool(text):
+    try:
+        return parse_bool(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r: give true or false (or the flag alone for true)"
+                                         % text)
+
+
 def register(sub):
     p = sub.add_parser(
         "train", help="train a model with data-parallel SGD",
@@ -108,13 +129,16 @@ def register(sub):
         epilog=EPILOG)
     add_launch_args(p)
     p.add_argument("--config", default=None, metavar="FILE",
-                   help="YAML or TOML file with the same keys as the flags (flags win)")
+                   help="YAML or TOML file with the same keys as the flags (it overrides "
+                        "the recipe; flags override both)")
     for flag, name, kind, text in OPTIONS:
         default = getattr(TrainConfig, name)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        extra = dict(nargs="?", const=True) if kind == "bool" else {}
         p.add_argument(flag, dest=name, type=_ints(INT_EXAMPLES[name]) if kind == "ints"
-                       else kind,
-                       default=argparse.SUPPRESS, help="%s (default: %s)" % (text, shown))
+                       else _bool if kind == "bool" else kind,
+                       default=argparse.SUPPRESS, help="%s (default: %s)" % (text, shown),
+                       **extra)
     p.add_argument("--resume", nargs="?", const="auto", default=argparse.SUPPRESS,
                    metavar="PATH", help="continue from a checkpoint (default: "
                                         "--checkpoint-dir/checkpoint.pt if it exists)")
@@ -128,9 +152,8 @@ def explicit(args):
 
 
 def config_from_args(args):
-    values = load_file(args.config) if args.config else {}
-    values.update(explicit(args))
-    return TrainConfig(**values)
+    """defaults < recipe < config file < flags (train/config.resolve)."""
+    return resolve(load_file(args.config) if args.config else {}, explicit(args))
 
 
 def forwarded_args(args):

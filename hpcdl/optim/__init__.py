@@ -1,5 +1,5 @@
-"""hpcdl.optim - large-batch optimisation: LARS and LARC layer-wise learning
-rates, the linear / square-root learning-rate scaling rules, and warmup +
+"""hpcdl.optim - large-batch optimisation: LARS, LARC and LAMB layer-wise
+learning rates, the linear / square-root learning-rate scaling rules, and warmup +
 decay schedules stepped per optimizer step. docs/optim.md has the formulas.
 
     from hpcdl import optim
@@ -10,10 +10,11 @@ decay schedules stepped per optimizer step. docs/optim.md has the formulas.
     ... opt.step(); sched.step()                                 # every step
 """
 from .groups import exclude_bias_and_norm
+from .lamb import LAMB
 from .larc import LARC
 from .lars import LARS
 from .scaling import scale_lr
 from .schedules import WarmupSchedule, lr_at, warmup_schedule
 
-__all__ = ["LARS", "LARC", "exclude_bias_and_norm", "scale_lr", "warmup_schedule",
+__all__ = ["LARS", "LARC", "LAMB", "exclude_bias_and_norm", "scale_lr", "warmup_schedule",
            "WarmupSchedule", "lr_at"]

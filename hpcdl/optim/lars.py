@@ -38,6 +38,20 @@ def trust_ratio(w, g, weight_decay, trust_coefficient, eps, norms=None):
     return torch.where(valid, ratio, torch.ones_like(ratio))
 
 
+def step_each(optimizer, closure):
+    """optimizer.step() of a per-tensor rule: the closure's loss (with grad
+    enabled), then optimizer._update(p, group) for every p with a gradient."""
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                optimizer._update(p, group)
+    return loss
+
+
 class LARS(torch.optim.Optimizer):
     """SGD with momentum and LARS layer-wise learning rates (formulas above).
 
@@ -75,15 +89,7 @@ class LARS(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-        return loss
+        return step_each(self, closure)
 
     def _update(self, p, group):
         g, wd, momentum = p.grad, group["weight_decay"], group["momentum"]

@@ -18,7 +18,6 @@ The loop around it is trainer.py's; the interface it fills is described there.
 import os
 
 import torch
-import torch.nn.functional as F
 
 from .. import comm
 from . import build, checkpoint, data
@@ -100,7 +99,7 @@ class AllReduce:
         self.opt.zero_grad()
         with autocast(self.cfg.precision, self.device):
             logits = self.model(x)
-        loss = F.cross_entropy(logits.float(), y)
+        loss = build.train_loss(self.cfg, logits.float(), y)
         self.backward_and_step(loss)
         self.sched.step()
         return loss.item() * len(y), (logits.argmax(1) == y).sum().item()

@@ -1,7 +1,10 @@
 """build.py - from a TrainConfig to the objects of a run: the model, the
-optimizer (SGD, LARS, LARC over SGD, Adam) with the learning rate scaled to the
-global batch, its warmup + decay schedule, and the gradient compression."""
+optimizer (SGD, LARS, LARC over SGD, Adam, LAMB) with the learning rate scaled
+to the global batch and its parameter groups (no weight decay on biases and
+norm parameters where the recipe says so), its warmup + decay schedule, the
+training loss (label smoothing) and the gradient compression."""
 import torch
+import torch.nn.functional as F
 
 from .. import models
 
@@ -29,31 +32,45 @@ def peak_lr(cfg):
                     rule=cfg.lr_scaling)
 
 
-def lars_groups(cfg, model):
-    """LARS's parameter groups: biases and norm weights get no adaptation and
-    no decay (You et al. 2017)."""
+def param_groups(cfg, model):
+    """The optimizer's parameter groups when biases and norm parameters get no
+    weight decay (and, with LARS / LARC / LAMB, no layer-wise adaptation: You
+    et al. 2017, 2019): always with lars and lamb, else with
+    --no-decay-bias-norm. None: one group, every parameter decayed."""
+    if cfg.decays_bias_norm():
+        return None
     from .. import optim
     return optim.exclude_bias_and_norm(model, weight_decay=cfg.weight_decay)
 
 
 def build_optimizer(cfg, model, groups=None):
     """The local optimizer at the peak lr; DistributedOptimizer wraps it later.
-    groups: LARS's groups when made before the model changed (stage 3)."""
+    groups: param_groups() when made before the model changed (stage 3)."""
     from .. import optim
     lr = peak_lr(cfg)
+    groups = param_groups(cfg, model) if groups is None else groups
+    params = model.parameters() if groups is None else groups
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(params, lr=lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "lamb":
+        return optim.LAMB(params, lr=lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "lars":
-        groups = lars_groups(cfg, model) if groups is None else groups
         trust = 0.001 if cfg.trust_coefficient is None else cfg.trust_coefficient
-        return optim.LARS(groups, lr=lr, momentum=cfg.momentum,
+        return optim.LARS(params, lr=lr, momentum=cfg.momentum,
                           weight_decay=cfg.weight_decay, trust_coefficient=trust)
-    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum,
+    sgd = torch.optim.SGD(params, lr=lr, momentum=cfg.momentum,
                           weight_decay=cfg.weight_decay)
     if cfg.optimizer == "larc":
         trust = 0.02 if cfg.trust_coefficient is None else cfg.trust_coefficient
         return optim.LARC(sgd, trust_coefficient=trust, clip=True)
     return sgd
+
+
+def train_loss(cfg, logits, y):
+    """The mean training loss of a batch: cross entropy against targets
+    smoothed by --label-smoothing eps (1 - eps on the label, eps spread evenly
+    over all classes; Szegedy et al. 2016). Evaluation uses plain cross entropy."""
+    return F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
 
 
 def build_schedule(cfg, opt, steps_per_epoch):

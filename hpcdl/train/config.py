@@ -1,6 +1,7 @@
 """config.py - TrainConfig: every setting of a training run, the checks that
-say what to change, and config files (YAML or TOML) with strict keys.
-Light on purpose (no torch): the CLI checks a config before it launches ranks.
+say what to change, config files (YAML or TOML) with strict keys, and the
+named recipes of configs/recipes/. Light on purpose (no torch): the CLI
+checks a config before it launches ranks.
 
 A config file holds the same names as the flags (dashes or underscores):
 
@@ -11,7 +12,13 @@ A config file holds the same names as the flags (dashes or underscores):
     warmup-epochs: 5
     schedule: poly
 
-Precedence: TrainConfig defaults < config file < flags given on the command line.
+A recipe (--recipe NAME, or `recipe: NAME` in a config file) is a file
+configs/recipes/NAME.yaml of the same keys: the optimizer, its base lr at a
+base batch, the scaling rule, warmup and decay, so that the global batch the
+user picks sets the learning rate.
+
+Precedence: TrainConfig defaults < recipe < config file < flags given on the
+command line (resolve()).
 """
 import os
 from dataclasses import dataclass, fields
@@ -19,7 +26,10 @@ from dataclasses import dataclass, fields
 from .. import models
 from .errors import ConfigError  # noqa: F401 - raised here, importable from here too
 
-OPTIMIZERS = ("sgd", "lars", "larc", "adam")
+OPTIMIZERS = ("sgd", "lars", "larc", "adam", "lamb")
+RECIPES = ("plain", "goyal", "lars", "lamb")
+RECIPE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs", "recipes")
 SCHEDULES = ("constant", "step", "poly", "cosine")
 LR_SCALING = ("none", "linear", "sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -38,14 +48,18 @@ class TrainConfig:
     workers: int = 2              # DataLoader worker processes for shard directories
     stage_to: str = None          # copy shards to node-local storage first (e.g. /dev/shm)
     # how: batch, optimizer, learning rate
+    recipe: str = None            # plain | goyal | lars | lamb: configs/recipes/NAME.yaml
     epochs: int = 30
     global_batch: int = 128       # samples per step over all ranks, split evenly
     optimizer: str = "sgd"
     base_lr: float = 0.1          # the lr at base_batch; --lr-scaling scales it to global_batch
     base_batch: int = 256
     lr_scaling: str = "none"      # none: lr = base_lr; linear: x G/base_batch; sqrt
-    momentum: float = 0.9
+    momentum: float = 0.9         # SGD, LARS, LARC (LAMB and Adam: betas 0.9, 0.999)
     weight_decay: float = 0.0
+    no_decay_bias_norm: bool = False  # biases and norm parameters get no weight decay
+                                  # (always so with lars and lamb)
+    label_smoothing: float = 0.0  # training loss: cross entropy with smoothed targets
     trust_coefficient: float = None  # LARS 0.001, LARC 0.02 when not given
     warmup_epochs: float = 0.0    # linear warmup from warmup_start_lr to the scaled lr
     warmup_start_lr: float = None  # default: base_lr (Goyal et al.'s gradual warmup)
@@ -59,6 +73,7 @@ class TrainConfig:
     ps_ranks: int = 1             # parameter-server ranks in ps-* modes
     zero: int = 0                 # ZeRO stage (allreduce mode): 0 none, 1 optimizer state, 2 + grads, 3 + params
     seed: int = 0                 # weights, train/test split and per-epoch shuffles
+    target_accuracy: float = None  # record time/steps/epochs until test accuracy >= this
     # where
     checkpoint_dir: str = None    # checkpoint.pt here, every checkpoint_every epochs
     checkpoint_every: int = 1
@@ -76,11 +91,16 @@ class TrainConfig:
             if name not in names:
                 raise ConfigError("unknown %s %r; use --%s with one of: %s"
                                   % (kind, name, kind, ", ".join(names)))
+        if self.recipe is not None and self.recipe not in RECIPES \
+                and not _is_file_name(self.recipe):
+            raise ConfigError("unknown recipe %r; use --recipe with one of: %s (or a .yaml / "
+                              ".toml file of the same keys)" % (self.recipe, ", ".join(RECIPES)))
         _positive("--epochs", self.epochs)
         _positive("--base-batch", self.base_batch)
         _positive("--checkpoint-every", self.checkpoint_every)
         if self.base_lr <= 0:
             raise ConfigError("--base-lr is %g; give a positive learning rate" % self.base_lr)
+        self._check_recipe_values()
         self._check_ps(size)
         self._check_zero()
         _positive("--global-batch", self.global_batch)
@@ -112,11 +132,38 @@ class TrainConfig:
         from . import data  # names and paths of data sources
         data.check_source(self.data, self.model)
 
+    def _check_recipe_values(self):
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError("--label-smoothing %g must be in [0, 1) (0: none; 0.1 is usual)"
+                              % self.label_smoothing)
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ConfigError("--target-accuracy %g must be in (0, 1] (a test accuracy, e.g. "
+                              "0.95)" % self.target_accuracy)
+        if self.weight_decay < 0:
+            raise ConfigError("--weight-decay %g is negative; give 0 or more"
+                              % self.weight_decay)
+        if self.momentum < 0 or self.momentum >= 1:
+            raise ConfigError("--momentum %g must be in [0, 1)" % self.momentum)
+        if self.trust_coefficient is not None and self.trust_coefficient <= 0:
+            raise ConfigError("--trust-coefficient %g must be positive" % self.trust_coefficient)
+        if self.warmup_start_lr is not None and self.warmup_start_lr < 0:
+            raise ConfigError("--warmup-start-lr %g is negative; give 0 or more"
+                              % self.warmup_start_lr)
+
+    def decays_bias_norm(self):
+        """Whether biases and norm parameters get weight decay: never with the
+        layer-wise lars / lamb, else unless --no-decay-bias-norm."""
+        return not (self.no_decay_bias_norm or self.optimizer in ("lars", "lamb"))
+
     def _check_zero(self):
         if self.zero not in ZERO_STAGES:
             raise ConfigError("--zero %s: use 0 (unsharded), 1 (optimizer state sharded), "
                               "2 (optimizer state and gradients sharded) or 3 (parameters "
                               "too)" % (self.zero,))
+        if self.zero and self.optimizer == "lamb":
+            raise ConfigError("--optimizer lamb needs --zero 0: its trust ratio needs each "
+                              "whole layer's Adam update, which no rank holds at --zero %d"
+                              % self.zero)
         if self.zero and self.mode != "allreduce":
             raise ConfigError("--zero %d needs --mode allreduce (it shards the all-reduce "
                               "strategy's optimizer), not --mode %s" % (self.zero, self.mode))
@@ -140,7 +187,9 @@ class TrainConfig:
                               % (self.ps_ranks, size))
         for flag, bad in (("--precision", self.precision != "fp32"),
                           ("--compression", self.compression != "none"),
-                          ("--optimizer", self.optimizer != "sgd")):
+                          ("--optimizer", self.optimizer != "sgd"),
+                          ("--label-smoothing", self.label_smoothing != 0),
+                          ("--no-decay-bias-norm", self.no_decay_bias_norm)):
             if bad:
                 raise ConfigError("%s is not supported with --mode %s (the servers apply "
                                   "plain SGD with momentum in fp32)" % (flag, self.mode))
@@ -194,7 +243,7 @@ def load_file(path):
 
 def _field(path, key):
     name = str(key).replace("-", "_")
-    if name not in FIELDS or name in ("resume",):
+    if name not in FIELDS or name == "resume":
         known = ", ".join(sorted(k.replace("_", "-") for k in FIELDS if k != "resume"))
         raise ConfigError("config file %s: unknown key %r (known keys: %s)"
                           % (path, key, known))
@@ -210,10 +259,105 @@ def _coerce(path, key, value):
             return tuple(int(v) for v in items if str(v).strip())
         if value is None:
             return None
+        if kind is bool:
+            return parse_bool(value)
         if kind is int and not float(value).is_integer():
             raise ValueError(value)
         return kind(value)
     except (TypeError, ValueError):
         raise ConfigError("config file %s: %s = %r is not a%s %s"
                           % (path, key, value, "n" if kind is int else "",
-                             "list of integers" if kind is tuple else kind.__name__))
+                             "list of integers" if kind is tuple else
+                             "boolean (true or false)" if kind is bool else kind.__name__))
+
+
+def parse_bool(value):
+    """True / False from a bool or from true|false|yes|no|on|off|1|0 (any case)."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in ("true", "yes", "on", "1"):
+        return True
+    if word in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(value)
+
+
+# ---------------------------------------------------------------- recipes
+def _is_file_name(recipe):
+    return str(recipe).endswith((".yaml", ".yml", ".toml"))
+
+
+def recipe_path(recipe):
+    """The file of a recipe name (configs/recipes/NAME.yaml) or a recipe file."""
+    if _is_file_name(recipe):
+        return recipe
+    if recipe not in RECIPES:
+        raise ConfigError("unknown recipe %r; use --recipe with one of: %s (or a .yaml / "
+                          ".toml file of the same keys)" % (recipe, ", ".join(RECIPES)))
+    return os.path.join(RECIPE_DIR, recipe + ".yaml")
+
+
+def load_recipe(recipe):
+    """{field: value} of a recipe, checked like a config file; a recipe names
+    no other recipe and no paths of a run."""
+    path = recipe_path(recipe)
+    values = load_file(path)
+    for key in ("recipe", "out", "checkpoint_dir", "data", "stage_to"):
+        if key in values:
+            raise ConfigError("recipe %s sets %s; a recipe holds only how to train (optimizer, "
+                              "lr at a base batch, scaling, warmup, decay, regularisation)"
+                              % (path, key.replace("_", "-")))
+    return values
+
+
+def resolve(file_values=None, flag_values=None):
+    """The TrainConfig of defaults < recipe < config file < flags, where the
+    recipe is the flags' --recipe, else the config file's recipe key."""
+    file_values, flag_values = dict(file_values or {}), dict(flag_values or {})
+    recipe = flag_values.get("recipe", file_values.get("recipe"))
+    values = load_recipe(recipe) if recipe is not None else {}
+    values.update(file_values)
+    values.update(flag_values)
+    values["recipe"] = recipe
+    cfg = TrainConfig(**values)
+    cfg.recipe_applied = True
+    return cfg
+
+
+def with_recipe(cfg):
+    """cfg with its recipe's values applied, for a TrainConfig(recipe=...)
+    made in Python rather than by resolve(): its fields that differ from the
+    defaults win over the recipe, the others take the recipe's values."""
+    if cfg.recipe is None or getattr(cfg, "recipe_applied", False):
+        return cfg
+    return resolve({}, {name: getattr(cfg, name) for name, f in FIELDS.items()
+                        if getattr(cfg, name) != f.default})
+
+
+def recipe_lines(cfg, peak_lr):
+    """What rank 0 prints at start: the recipe's values as they ran (after the
+    config file and flags), and the lr they give at this global batch."""
+    if cfg.recipe is None:
+        return []
+    rule = {"linear": "x %g/%d" % (cfg.global_batch, cfg.base_batch),
+            "sqrt": "x sqrt(%g/%d)" % (cfg.global_batch, cfg.base_batch),
+            "none": "unscaled"}[cfg.lr_scaling]
+    start = cfg.base_lr if cfg.warmup_start_lr is None else cfg.warmup_start_lr
+    text = ["recipe %s (%s):" % (cfg.recipe, recipe_path(cfg.recipe)),
+            "  %s, base lr %g at batch %d, %s scaling -> lr %g at global batch %d (%s)"
+            % (cfg.optimizer, cfg.base_lr, cfg.base_batch, cfg.lr_scaling, peak_lr,
+               cfg.global_batch, rule),
+            "  warmup %g epoch(s)%s, then %s decay%s; weight decay %g%s; label smoothing %g"
+            % (cfg.warmup_epochs, " from lr %g" % min(start, peak_lr) if cfg.warmup_epochs
+               else "", cfg.schedule, " at epochs %s" % ",".join(map(str, cfg.milestones))
+               if cfg.milestones else "", cfg.weight_decay,
+               "" if cfg.decays_bias_norm() else " (not on biases and norm parameters)",
+               cfg.label_smoothing)]
+    if cfg.optimizer in ("sgd", "lars", "larc"):
+        text[-1] += "; momentum %g" % cfg.momentum
+    if cfg.optimizer in ("lars", "larc"):
+        trust = cfg.trust_coefficient
+        text[-1] += "; trust coefficient %g" % (
+            trust if trust is not None else 0.001 if cfg.optimizer == "lars" else 0.02)
+    return text

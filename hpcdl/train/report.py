@@ -80,12 +80,24 @@ class Reporter:
                                 ("global batch", "global_batch", "%d"),
                                 ("params sha256", "params_sha256", "%s")):
             comm.print0("%-14s " % label + fmt % summary[key])
+        if summary.get("target_accuracy") is not None:
+            comm.print0("%-14s %s" % ("to test acc %g" % summary["target_accuracy"],
+                                      target_text(summary)))
         if not (self.lead and self.cfg.out):
             return
         _write_json(os.path.join(self.cfg.out, "summary.json"), summary)
         torch.save(model.state_dict(), os.path.join(self.cfg.out, "model.pt"))
         plot_curves(os.path.join(self.cfg.out, "metrics.jsonl"),
                     os.path.join(self.cfg.out, "curves.png"))
+
+
+def target_text(summary):
+    """'12.34 s training (+1.20 s evaluation), 340 steps, 5 epochs' or 'not reached'."""
+    if summary["time_to_target_s"] is None:
+        return "not reached"
+    return ("%.2f s training (+%.2f s evaluation), %d steps, %d epoch(s)"
+            % (summary["time_to_target_s"], summary["eval_time_to_target_s"],
+               summary["steps_to_target"], summary["epochs_to_target"]))
 
 
 def params_digest(model):

@@ -21,7 +21,7 @@ A *strategy* decides the rest: how gradients meet and how state is saved.
     allreduce       zero.Zero (with --zero 1|2)    reduce-scatter / all-gather of ZeRO shards
     allreduce       zero.Zero3 (with --zero 3)     the same, per module, parameters sharded too
 
-Adding a strategy (ZeRO sharded training is next): write hpcdl/train/zero.py
+Adding a strategy (as zero.py added ZeRO): write hpcdl/train/<mode>.py
 with a class of the interface below (copy allreduce.py, the reference), add
 its mode to config.MODES and one line to STRATEGIES here. The loop does not
 change. A strategy never imports this module; this module imports them.
@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from .. import comm
 from . import build, checkpoint, data
 from .allreduce import AllReduce
+from .config import recipe_lines, with_recipe
 from .errors import ConfigError
 from .precision import autocast
 from .ps_mode import ParameterServer
@@ -74,6 +75,7 @@ def train(cfg):
     # distributed state, in one block: the job's ranks and the strategy that
     # spreads the work over them (it picks the device, and threads, too)
     comm.init()
+    cfg = with_recipe(cfg)  # a TrainConfig(recipe=...) made in Python
     cfg.check(comm.size())
     strategy = STRATEGIES[{0: cfg.mode, 3: "zero3"}.get(cfg.zero, "zero")](cfg)
 
@@ -85,6 +87,8 @@ def train(cfg):
     run = Run(cfg, ds, model, strategy)
     resume_or_start(run)
     comm.print0("hpcdl train: " + strategy.describe(ds))
+    for line in recipe_lines(cfg, build.peak_lr(cfg)):
+        comm.print0("hpcdl train: " + line)
 
     # the loop
     reporter = Reporter(cfg, resumed=run.global_step > 0)
@@ -124,6 +128,8 @@ class Run:
     sums: dict = field(default_factory=lambda: zero_sums())  # this rank's, of the epoch
     train_time: float = 0.0     # seconds in completed epochs' training loops
     train_samples: int = 0
+    eval_time: float = 0.0      # this rank's seconds in the epochs' evaluations
+    target: dict = None         # when --target-accuracy was first reached (see reach_target)
 
     def step_done(self, s, loss_sum, correct, seen, reporter):
         """Step s of the epoch is taken: its summed loss and correct count over
@@ -178,6 +184,7 @@ def resume_or_start(run):
         pos["epoch"], pos["step_in_epoch"], pos["global_step"])
     run.sums = dict(state.get("sums", zero_sums()))
     run.train_time, run.train_samples = state["train_time"], state["train_samples"]
+    run.eval_time, run.target = state.get("eval_time", 0.0), state.get("target")
     comm.print0("hpcdl train: resumed from %s at epoch %d step %d"
                 % (path, run.epoch, run.step_in_epoch))
 
@@ -192,7 +199,8 @@ def state_of(run):
         "position": {"epoch": run.epoch, "step_in_epoch": run.step_in_epoch,
                      "global_step": run.global_step},
         "sums": dict(run.sums), "train_time": run.train_time,
-        "train_samples": run.train_samples,
+        "train_samples": run.train_samples, "eval_time": run.eval_time,
+        "target": run.target,
     }, **run.strategy.state_dict())
 
 
@@ -261,16 +269,49 @@ def end_epoch(run, reporter):
     loss_sum, correct, seen, dt = global_sums(run.sums["loss"], run.sums["correct"],
                                               run.sums["seen"], run.sums["time"])
     dt /= comm.size()  # mean over ranks of the epoch's training time
+    t0 = time.perf_counter()
     test_loss, test_acc = evaluate(run.model, run.ds, run.strategy.device, run.cfg.precision)
+    run.eval_time += time.perf_counter() - t0
     rec = dict(epoch=run.epoch, step=run.global_step, loss=loss_sum / seen,
                accuracy=correct / seen, test_loss=test_loss, test_accuracy=test_acc,
                lr=run.strategy.lr(), samples_per_s=seen / dt, epoch_time_s=dt, **extra)
     reporter.end_epoch(rec)
     run.train_time += dt
     run.train_samples += int(seen)
+    reach_target(run, test_acc)
     run.epoch, run.step_in_epoch = run.epoch + 1, 0
     run.sums = zero_sums()
     return rec
+
+
+def reach_target(run, test_acc):
+    """At the end of an epoch: the first time the test accuracy reaches
+    --target-accuracy, keep the training time (mean over ranks, evaluations
+    and checkpoints left out), this rank's evaluation time so far, the steps
+    and the epochs. Test accuracy is measured once per epoch, so the epoch
+    is the resolution."""
+    target = run.cfg.target_accuracy
+    if target is None or run.target is not None or test_acc < target:
+        return
+    run.target = dict(train_time=run.train_time, eval_time=run.eval_time,
+                      steps=run.global_step, epochs=run.epoch, test_accuracy=test_acc)
+
+
+def target_fields(run):
+    """The summary's time-to-accuracy fields (collective: the evaluation time
+    is averaged over ranks, so every rank's summary is the same). None where
+    the target was not reached; {} without --target-accuracy."""
+    target = run.cfg.target_accuracy
+    if target is None:
+        return {}
+    reached = run.target
+    eval_s, = global_sums(reached["eval_time"] if reached else 0.0)
+    if reached is None:
+        return dict(target_accuracy=target, time_to_target_s=None, eval_time_to_target_s=None,
+                    steps_to_target=None, epochs_to_target=None)
+    return dict(target_accuracy=target, time_to_target_s=reached["train_time"],
+                eval_time_to_target_s=eval_s / comm.size(), steps_to_target=reached["steps"],
+                epochs_to_target=reached["epochs"])
 
 
 # ---------------------------------------------------------------- the summary
@@ -284,4 +325,4 @@ def summarize(run, rec, wall, extra):
         wall_s=wall, ranks=comm.size(), nodes=len(set(hosts)),
         global_batch=cfg.global_batch, model=cfg.model, data=cfg.data, epochs=cfg.epochs,
         steps=run.global_step, mode=cfg.mode, params_sha256=params_digest(run.model),
-        **extra)
+        recipe=cfg.recipe, **target_fields(run), **extra)

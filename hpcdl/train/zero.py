@@ -165,10 +165,10 @@ class Zero3(AllReduce):
         from .precision import LossScaler
         cfg = self.cfg
         self.model = model
-        # LARS's groups judge parameters by their shape: take them from the
-        # whole model (a piece is 1-D), by name, since sharding swaps the tensors
-        groups = _names_of(model, build.lars_groups(cfg, model)) if cfg.optimizer == "lars" \
-            else None
+        # the groups (LARS's, or no decay on biases and norm) judge parameters by
+        # their shape: take them from the whole model (a piece is 1-D), by name,
+        # since sharding swaps the tensors
+        groups = _names_of(model, build.param_groups(cfg, model))
         self.compression = build.build_compression(cfg.compression)
         self.shards = shard_model(model, compression=self.compression)
         self.opt = build.build_optimizer(cfg, model, _params_of(model, groups))

@@ -1,8 +1,9 @@
 """optim_distributed_check.py - run under mpirun: DistributedOptimizer around
-hpcdl.optim.LARS and around LARC(SGD), driven by a warmup schedule and with
+hpcdl.optim.LARS, LAMB and around LARC(SGD), driven by a warmup schedule and with
 bias / norm exclusion, equals one process training on the whole global batch
 (float64, so only rounding may differ); broadcast_optimizer_state works
-through both; LARC outside DistributedOptimizer is refused. Ends with
+through them; LARC outside DistributedOptimizer and LAMB at ZeRO stage 1 are
+refused. Ends with
 torch_common's verdict line 'CHECKS n FAILED k'."""
 import copy
 
@@ -21,6 +22,8 @@ def make(kind, model):
     groups = optim.exclude_bias_and_norm(model, weight_decay=1e-3)
     if kind == "lars":
         opt = optim.LARS(groups, lr=optim.scale_lr(0.1, B, base_batch=8), trust_coefficient=0.02)
+    elif kind == "lamb":
+        opt = optim.LAMB(groups, lr=0.05, weight_decay=0.01)
     else:
         opt = optim.LARC(torch.optim.SGD(groups, lr=0.3, momentum=0.9), trust_coefficient=0.02)
     return opt
@@ -73,6 +76,22 @@ def test_larc():
     train_against_one_process("larc")
 
 
+def test_lamb():
+    train_against_one_process("lamb")
+
+
+def test_lamb_refuses_zero_shards():
+    model = nn.Linear(3, 2)
+    opt = hvd.DistributedOptimizer(optim.LAMB(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), zero_stage=1)
+    model(torch.ones(2, 3)).sum().backward()
+    try:
+        opt.step()
+        check(False, "LAMB at zero_stage=1 raised nothing")
+    except RuntimeError as e:
+        check("LAMB cannot step on ZeRO shards" in str(e), "message: %s" % e)
+
+
 def test_larc_outside_is_refused():
     model = nn.Linear(3, 2)
     inner = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -84,4 +103,5 @@ def test_larc_outside_is_refused():
         check("DistributedOptimizer(LARC(optimizer)" in str(e), "message: %s" % e)
 
 
-run(test_lars, test_larc, test_larc_outside_is_refused)
+run(test_lars, test_larc, test_lamb, test_lamb_refuses_zero_shards,
+    test_larc_outside_is_refused)
