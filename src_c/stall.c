@@ -6,13 +6,16 @@
  * rank so sees the same picture, and when operations have waited longer than
  * HPCDL_STALL_CHECK_TIME_SECONDS (default 60) while some ranks have not
  * submitted them, rank 0 warns, naming those ranks and the operations. After
- * HPCDL_STALL_SHUTDOWN_TIME_SECONDS (default 600; 0 = never) every rank
+ * HPCDL_STALL_SHUTDOWN_TIME_SECONDS (default 600; 0 = never; checked at
+ * every heartbeat, whatever the check time) every rank
  * reaches the same verdict and the job ends (MPI_Abort) instead of hanging:
  * a hung job burns its whole allocation, while a rank legitimately alone for
  * ten minutes (evaluation on rank 0 only) is rare, and the message says how
  * to allow longer. Blocking collectives count as operations too (engine.c).
  * HPCDL_STALL_CHECK_DISABLE=1 turns it off. Shutdown is collective: the
- * thread keeps exchanging until every rank has asked to stop.
+ * thread keeps exchanging until every rank has asked to stop, so a rank that
+ * shuts down (or returns from its script) while others wait in collectives
+ * it never submitted is seen within a heartbeat and ends the job, named.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -44,12 +47,12 @@ static double env_seconds(const char *name, double dflt) {
 // ----------------------------------------------------------------------------
 // the verdict (same data on every rank, so the same verdict everywhere)
 
-static void describe_stall(const hpcdl_progress *all, int n, char *msg, size_t len) {
-    int lead = 0;
+// " rank R is missing NAME ... (submitted a of b);" for each rank behind the
+// lead (the rank that submitted most), from the lead's pending names.
+static int describe_missing(const hpcdl_progress *all, int n, char *msg, size_t len) {
+    int lead = 0, pos = 0;
     for (int r = 1; r < n; r++)
         if (all[r].submitted > all[lead].submitted) lead = r;
-    int pos = snprintf(msg, len, "stall inspector: operations have waited %.0f s for ranks "
-                       "that have not submitted them:", all[lead].waited_s);
     for (int r = 0; r < n && pos < (int)len - 120; r++) {
         if (all[r].submitted >= all[lead].submitted) continue;
         pos += snprintf(msg + pos, len - (size_t)pos, " rank %d is missing", r);
@@ -61,9 +64,49 @@ static void describe_stall(const hpcdl_progress *all, int n, char *msg, size_t l
         pos += snprintf(msg + pos, len - (size_t)pos, " (submitted %lld of %lld);",
                         (long long)all[r].submitted, (long long)all[lead].submitted);
     }
+    return pos;
+}
+
+static void describe_stall(const hpcdl_progress *all, int n, double waited, char *msg,
+                           size_t len) {
+    int pos = snprintf(msg, len, "stall inspector: operations have waited %.0f s for ranks "
+                       "that have not submitted them:", waited);
+    pos += describe_missing(all, n, msg + pos, len - (size_t)pos);
     snprintf(msg + pos, len - (size_t)pos, " Hint: every rank must submit the same "
              "collectives in the same order; is one rank stuck, slower, or on another "
              "code path?");
+}
+
+// A rank that shuts its context down (hvd.shutdown(), or hpcdl's shutdown at
+// exit after the script returned) submits nothing more, so when the counts
+// differ and one of the ranks behind is stopping, or every rank is stopping,
+// some operation can never finish: the job ends at once instead of waiting
+// for the shutdown time (Horovod: "shut down ... after one of the ranks
+// finished execution"). One rank that is still working says why.
+static void inspect_finished(const hpcdl_progress *all, int n, int64_t max_sub, int rank) {
+    int gone = -1, stopping = 0, teller = -1;
+    for (int r = 0; r < n; r++) {
+        stopping += all[r].stopping != 0;
+        if (all[r].stopping && all[r].submitted < max_sub && gone < 0) gone = r;
+        if (!all[r].stopping && teller < 0) teller = r;
+    }
+    if (gone < 0 && (stopping < n || n == 0)) return;
+    int differ = 0;
+    for (int r = 1; r < n; r++) differ |= all[r].submitted != all[0].submitted;
+    if (!differ) return;
+    if (gone < 0) gone = 0;
+    if (rank == (teller < 0 ? 0 : teller)) {
+        char missing[1024];
+        describe_missing(all, n, missing, sizeof missing);
+        fprintf(stderr, "[rank %d] error: rank %d finished (its hpcdl shut down: the script "
+                "returned, exited or called shutdown()) while other ranks wait in collectives "
+                "it will never run:%s Ending the job now instead of letting it hang. Hint: "
+                "every rank must run the same collectives; a rank done early must keep taking "
+                "part until all are done (hvd.join(), or the same number of steps on every "
+                "rank).\n", rank, gone, missing);
+        fflush(stderr);
+    }
+    MPI_Abort(MPI_COMM_WORLD, 3);
 }
 
 static void inspect(hpcdl_ctx *ctx, struct hpcdl_stall *s, const hpcdl_progress *all, int n) {
@@ -73,19 +116,21 @@ static void inspect(hpcdl_ctx *ctx, struct hpcdl_stall *s, const hpcdl_progress 
         if (all[r].submitted > max_sub) max_sub = all[r].submitted;
         if (all[r].waited_s > waited) waited = all[r].waited_s;
     }
+    int rank = ctx->main.rank;
+    inspect_finished(all, n, max_sub, rank);
     int behind = 0;
     for (int r = 0; r < n; r++) behind += all[r].submitted < max_sub;
-    if (!behind || waited < s->check_s) return;
+    int ending = s->shutdown_s > 0 && waited >= s->shutdown_s;
+    if (!behind || (waited < s->check_s && !ending)) return;
     char msg[1024];
-    describe_stall(all, n, msg, sizeof msg);
-    int rank = ctx->main.rank;
+    describe_stall(all, n, waited, msg, sizeof msg);
     double now = MPI_Wtime();
-    if (rank == 0 && now - s->last_warn >= s->check_s) {
+    if (rank == 0 && !ending && now - s->last_warn >= s->check_s) {
         fprintf(stderr, "[rank 0] warning: %s\n", msg);
         fflush(stderr);
         s->last_warn = now;
     }
-    if (s->shutdown_s > 0 && waited >= s->shutdown_s) {
+    if (ending) { // whatever the check period: the heartbeat is at most 1 s apart
         fprintf(stderr, "[rank %d] error: %s Ending the job: stalled for longer than "
                 "HPCDL_STALL_SHUTDOWN_TIME_SECONDS=%g (set it higher, or 0 for never, if a "
                 "rank may legitimately work alone that long).\n", rank, msg, s->shutdown_s);
@@ -124,10 +169,10 @@ static void *stall_main(void *arg) {
         if (!all || MPI_Allgather(&me, sizeof me, MPI_BYTE, all, sizeof me, MPI_BYTE,
                                   s->comm) != MPI_SUCCESS)
             break; // no inspector rather than a broken one; collectives still report errors
+        inspect(ctx, s, all, n);
         int everyone = 1;
         for (int r = 0; r < n; r++) everyone &= all[r].stopping;
         if (everyone) break;
-        inspect(ctx, s, all, n);
     }
     free(all);
     return NULL;
@@ -142,7 +187,8 @@ int hpcdl_stall_start(hpcdl_ctx *ctx, MPI_Comm comm) {
     if (!s) return hpcdl_fail(HPCDL_ERR_NOMEM, "stall inspector: out of memory");
     s->check_s = env_seconds("HPCDL_STALL_CHECK_TIME_SECONDS", 60);
     s->shutdown_s = env_seconds("HPCDL_STALL_SHUTDOWN_TIME_SECONDS", 600);
-    s->interval_s = s->check_s / 4 < 0.05 ? 0.05 : s->check_s / 4 > 1 ? 1 : s->check_s / 4;
+    double first = s->shutdown_s > 0 && s->shutdown_s < s->check_s ? s->shutdown_s : s->check_s;
+    s->interval_s = first / 4 < 0.05 ? 0.05 : first / 4 > 1 ? 1 : first / 4;
     MPI_CHECK(MPI_Comm_dup(comm, &s->comm));
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);

@@ -59,3 +59,16 @@ def test_dead_rank_ends_the_job(buffer):
     # Open MPI names the process that exited as [[job,rank]]
     assert re.search(r"\[\[\d+,\d+\],1\]", r.stdout) or "rank 1" in r.stdout, r.stdout
     assert time.time() - t0 < 30
+
+
+@pytest.mark.mpi
+def test_shutdown_time_alone_holds():
+    """HPCDL_STALL_SHUTDOWN_TIME_SECONDS below the check time (60 s by
+    default) alone: the verdict comes at the shutdown time, not at the next
+    check (it said 'waited 60 s' after a warning, issue 32 item 3)."""
+    r = run_python(2, SCRIPT, args=["never"], check=False, timeout=120,
+                   env={"HPCDL_STALL_SHUTDOWN_TIME_SECONDS": "2"})
+    assert r.returncode != 0
+    m = re.search(r"operations have waited (\d+) s", r.stdout)
+    assert m and "HPCDL_STALL_SHUTDOWN_TIME_SECONDS=2" in r.stdout, r.stdout
+    assert int(m.group(1)) < 10 and "warning: stall" not in r.stdout, r.stdout

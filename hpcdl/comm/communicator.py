@@ -76,6 +76,7 @@ class Communicator:
         if local_size is None:
             local_size = int(os.environ.get("HPCDL_LOCAL_SIZE", "0") or 0)
         self.mpi = mpi_comm
+        self._children = []  # made by split(), not yet freed
         self._ctx = _core.Context(mpi_comm, local_size)
         (self.rank, self.size, self.local_rank, self.local_size,
          self.cross_rank, self.cross_size) = self._ctx.topology()
@@ -120,7 +121,13 @@ class Communicator:
         self.mpi.Barrier()
 
     def close(self):
-        """Collective: frees communicators, shared memory and the engine."""
+        """Collective: frees communicators, shared memory and the engine; first
+        those split() made from this one and not yet freed (each over its own
+        ranks, in the order they were made, which is the same on every rank):
+        their engine and stall threads must stop before MPI_Finalize, which
+        follows the shutdown at exit."""
+        for child in list(self._children):
+            child.free()
         self._ctx.close()
 
     # ------------------------------------------------------ sub-communicators
@@ -152,15 +159,19 @@ class Communicator:
         virtual = int(os.environ.get("HPCDL_LOCAL_SIZE", "0") or 0)
         child = Communicator(sub, 0 if virtual and len(mine) % virtual else None)
         child._split_from = self  # free() gives the MPI communicator back
+        self._children.append(child)  # close() frees it if the user does not
         return child
 
     def free(self):
         """Collective over this communicator's ranks: close(), and for one made
         by split(), free its MPI communicator."""
         self.close()
-        if getattr(self, "_split_from", None) is not None:
+        parent = getattr(self, "_split_from", None)
+        if parent is not None:
             self.mpi.Free()
             self._split_from = None
+            if self in parent._children:
+                parent._children.remove(self)
 
     # ------------------------------------------------------------ collectives
     # Each collective has a _prep_* that validates and returns the core's
