@@ -2,6 +2,10 @@
 #   make run     set-up, then the main job: hpcdl train -n 4 on the digits data
 #   make test    set-up, then every test (C tests under mpirun, then pytest; Slurm
 #                from Debian's packages for the tests against a real Slurm)
+#   make check   the quick tier (under 5 minutes on a quiet 2-core machine): the C
+#                tests on 2 ranks, the unit tests, the architecture and facts tests,
+#                and the multi-rank launches marked `quick` (one per rank count,
+#                each running many cases)
 #   make setup   MPI (Debian packages, as root), .venv, torch==2.13.0, mpi4py and hpcdl
 #                (+ test extras), both on the MPI of $(MPICC)
 #   make test-mpich  the C tests and the multi-rank Python tests again on Debian's MPICH,
@@ -34,7 +38,7 @@ HDF5_MPI_INCLUDEDIR ?= /usr/include/hdf5/openmpi
 HDF5_MPI_LIBDIR ?= /usr/lib/$(shell gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)/hdf5/openmpi
 CORE_SOURCES := $(wildcard src_c/*.c src_c/*.h src_c/include/*.h src_c/python/*.c src_c/python/*.h src_c/cuda/*) setup.py pyproject.toml
 
-.PHONY: setup setup-base h5py-mpi h5py-mpi-packages run test test-c test-py test-mpich \
+.PHONY: setup setup-base h5py-mpi h5py-mpi-packages run test check test-c test-py test-mpich \
 	mpich-setup test-mpich-only bench clean check-python check-mpi check-slurm FORCE
 
 setup: setup-base $(if $(filter 1,$(HPCDL_H5PY_MPI)),h5py-mpi)
@@ -214,6 +218,19 @@ $(H5PY_MPI_STAMP): $(STAMP)
 test-c: check-mpi
 	$(MAKE) -C src_c check
 
+# The quick tier. pytest: every test that is not a multi-rank launch (`mpi`) or
+# `slow`, plus the `quick` launches; the files below start jobs, clusters or
+# whole trainings in every test and run in make test only.
+QUICK_SKIP := test_vcluster.py test_vcluster_elastic.py test_vcluster_mpich.py \
+	test_vcluster_slurm.py test_slurm_jobs.py test_tutorials.py test_examples.py \
+	test_first_hour.py test_train_resume.py test_data_mpi.py
+check: setup-base check-mpi
+	@start=$$(date +%s); \
+	  $(MAKE) --no-print-directory -C src_c check-quick && \
+	  $(PY) -m pytest -ra -q --durations=10 -m "quick or not (mpi or slow)" \
+	    $(QUICK_SKIP:%=--ignore=tests/%) tests; rc=$$?; \
+	  echo "make check: $$(( $$(date +%s) - start )) s (load $$(cut -d' ' -f1-3 /proc/loadavg))"; exit $$rc
+
 # ---------------------------------------------------------------- the same on MPICH
 # Debian's MPICH beside Open MPI, in a copy of the checkout (one checkout holds one
 # core build) with a venv of its own: mpi4py built from source by mpicc.mpich, the
@@ -261,7 +278,7 @@ mpich-setup:
 # the per-dtype kernels do not depend on the MPI and run in full under Open MPI.
 # MPICH_C_TESTS=full runs src_c's whole `make check` instead.
 MPICH_C_TESTS ?= subset
-MPICH_RUN = timeout 120 $(MPICH_MPIEXEC)
+MPICH_RUN = python3 $(abspath tests/hang_guard.py) 120 $(MPICH_MPIEXEC)
 
 test-mpich-only:
 	@echo "… MPICH: C tests ($(MPICH_C_TESTS), under $(MPICH_MPIEXEC))"

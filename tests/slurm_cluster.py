@@ -26,6 +26,7 @@ import time
 
 import pytest
 
+import hang_guard
 from hpcdl.slurm import local
 
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -151,8 +152,8 @@ class SlurmCluster:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def _wait_gone(self, jobs, timeout):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        clock = hang_guard.Clock(timeout)  # full-speed seconds (tests/hang_guard.py)
+        while not clock.expired():
             if not self.run("squeue", "-h", "-o", "%i", check=False).stdout.split():
                 return
             time.sleep(0.3)
@@ -181,16 +182,16 @@ class SlurmCluster:
     def wait(self, job, timeout=120, states=DONE_STATES):
         """Waits until every record of job is in one of states; returns them.
         Fails the test on timeout with the job's records and the daemons' logs."""
-        deadline = time.monotonic() + timeout
+        clock = hang_guard.Clock(timeout)  # full-speed seconds (tests/hang_guard.py)
         recs = []
-        while time.monotonic() < deadline:
+        while not clock.expired():
             recs = self.jobs(job)
             if recs and all(r.get("JobState") in states for r in recs):
                 return recs
             time.sleep(self.poll_s)
         self.run("scancel", str(job), check=False)
-        self.fail("job %s not done after %d s: %s" % (
-            job, timeout, [(r.get("JobId"), r.get("JobState"), r.get("Reason")) for r in recs]))
+        self.fail("job %s not done after %s: %s" % (
+            job, clock.describe(), [(r.get("JobId"), r.get("JobState"), r.get("Reason")) for r in recs]))
 
     def fail(self, message):
         self.failed = True  # keep the folder for a look at the logs

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import hang_guard
 from mpi_harness import run_mpi
 from slurm_cluster import CHECK, HPCDL, VENV, checks, finished, output, submit
 
@@ -155,9 +156,9 @@ def test_preemptible_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_pat
                  "--set", "RUN_DIR=%s" % run_dir, "--set", "MAX_RESTARTS=2", cmd=TRAIN)
     log_path = tmp_path / ("hpcdl-%s.out" % job)
     # the trainer prints its set-up line once every rank's handler is installed
-    deadline = time.monotonic() + 180
+    clock = hang_guard.Clock(180)
     while not (log_path.exists() and "hpcdl train: mlp" in output(log_path)):
-        assert time.monotonic() < deadline, "the trainer did not start in 180 s"
+        assert not clock.expired(), "the trainer did not start in " + clock.describe()
         assert slurm_cluster.jobs(job)[0]["JobState"] in ("PENDING", "RUNNING"), \
             slurm_cluster.jobs(job)
         time.sleep(0.2)

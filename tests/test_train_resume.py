@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import hang_guard
 from mpi_harness import REPO, mpi_env, run_mpi
 from hpcdl.cli.run import mpirun_command
 
@@ -49,9 +50,9 @@ def _start_then_signal(out, ckpt, signum, rank_index, recipe=RECIPE):
     proc = subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=mpi_env(), cwd=REPO, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
+        clock = hang_guard.Clock(120)
         while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
-            assert time.monotonic() < deadline and proc.poll() is None, "no epoch reported"
+            assert not clock.expired() and proc.poll() is None, "no epoch reported"
             time.sleep(0.05)
         if rank_index is None:
             os.kill(proc.pid, signum)
@@ -150,9 +151,9 @@ def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE,
                             text=True, env=mpi_env())
     assert proc.stdout.readline().strip() == "saved small"
-    deadline = time.monotonic() + 60
+    clock = hang_guard.Clock(60)
     while not [p for p in os.listdir(tmp_path) if ".tmp." in p]:
-        assert time.monotonic() < deadline, "the large save never started"
+        assert not clock.expired(), "the large save never started"
         time.sleep(0.001)
     proc.kill()
     proc.wait()

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+import hang_guard
 from hpcdl import vcluster
 from mpi_harness import REPO, mpi_env
 from vcluster_harness import (HPCDL, assert_nothing_left, cli, host_inodes, leftovers,
@@ -117,15 +118,13 @@ def test_shared_memory_within_a_host_tcp_across(vc):
 
 
 # ---------------------------------------------------------------- collectives
-PARTS = [("2x2", p) for p in ["float32", "float64", "float16", "int32", "int64", "other"]] \
-    + [("3x1", p) for p in ["float32", "int64", "other"]]
-
-
 @pytest.mark.mpi
-@pytest.mark.parametrize("layout,part", PARTS)
-def test_collectives_across_hosts(vc, layout, part):
-    # sizes 0, 1, N-1, odd, 1 MiB+3; every op and algorithm; against MPI's own
-    r = hrun(layout, [PY, os.path.join(SCRIPTS, "collectives_check.py"), part], timeout=300)
+@pytest.mark.parametrize("layout", ["2x2", "3x1"])
+def test_collectives_across_hosts(vc, layout):
+    # one launch: sizes 0, 1, N-1, odd, 1 MiB+3; every op; float32 through every
+    # algorithm, the other dtypes through auto, torch tensors and the other
+    # collectives; against MPI's own (the dtype matrix: src_c's C tests)
+    r = hrun(layout, [PY, os.path.join(SCRIPTS, "collectives_check.py"), "all"], timeout=300)
     assert "FAILED 0" in r.stdout, r.stdout
 
 
@@ -209,20 +208,24 @@ def test_lost_host_ends_the_job_everywhere(vc, tmp_path, how):
                             cwd=REPO, env=mpi_env(), start_new_session=True)
     try:
         metrics = os.path.join(base, "metrics.jsonl")
-        deadline = time.time() + 120
+        clock = hang_guard.Clock(120)
         while not (os.path.exists(metrics) and os.path.getsize(metrics)):  # training runs
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()[0]
+            assert proc.poll() is None and not clock.expired(), proc.communicate()[0]
             time.sleep(0.2)
-        t0 = time.time()
+        # 30 s of full-speed time (tests/hang_guard.py): longer while other programs
+        # share the cores
+        clock = hang_guard.Clock(30)
         _fault(how)
         try:
             out, _ = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out = "(still running after 30 s)\n" + proc.communicate()[0]
-        ended = time.time() - t0
-        left = wait_no_leftovers(timeout=max(1.0, 30 - (time.time() - t0)))
-        gone = time.time() - t0
+        clock.tick()
+        ended = clock.used
+        left = wait_no_leftovers(timeout=max(1.0, clock.left()))
+        clock.tick()
+        gone = clock.used
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

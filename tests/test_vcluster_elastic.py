@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+import hang_guard
 from hpcdl import vcluster
 from mpi_harness import REPO, mpi_env
 from vcluster_harness import (HPCDL, cli, leftovers, shared_dir,
@@ -70,15 +71,16 @@ def lose_node3_when_paused(base, cmd, env, timeout=180):
                             cwd=base, env=mpi_env(env), start_new_session=True)
     try:
         t0 = time.time()
-        deadline = t0 + timeout
+        clock = hang_guard.Clock(timeout)  # full-speed seconds (tests/hang_guard.py)
         while not os.path.exists(paused):  # attempt 0 trains up to AT
-            if proc.poll() is not None or time.time() > deadline:
+            if proc.poll() is not None or clock.expired():
                 pytest.fail("the job did not reach %s:\n%s" % (AT, _end(proc)), pytrace=False)
             time.sleep(0.1)
         t_paused = time.time()
         subprocess.run(["ip", "-n", "node3", "link", "set", "eth0", "down"], check=True)
         try:
-            out, _ = proc.communicate(timeout=max(1.0, deadline - time.time()))
+            clock.tick()
+            out, _ = proc.communicate(timeout=max(1.0, clock.left()))
         except subprocess.TimeoutExpired:
             pytest.fail("elastic job still running after %ss:\n%s" % (timeout, _end(proc)),
                         pytrace=False)

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+import hang_guard
 from hpcdl import vcluster
 from hpcdl.slurm import local
 from slurm_cluster import CHECK, HPCDL, SlurmCluster, checks, finished, output, submit
@@ -143,9 +144,9 @@ def test_preemptible_job_requeued_and_resumed_exactly(vcs):
                  "--set", "RUN_DIR=" + run_dir, "--set", "MAX_RESTARTS=2", cmd=TRAIN)
     log_path = os.path.join(cwd, "hpcdl-%s.out" % job)
     # the trainer prints its set-up line once every rank's handler is installed
-    deadline = time.monotonic() + 240
+    clock = hang_guard.Clock(240)
     while not (os.path.exists(log_path) and "hpcdl train: mlp" in output(log_path)):
-        assert time.monotonic() < deadline, "the trainer did not start in 240 s"
+        assert not clock.expired(), "the trainer did not start in " + clock.describe()
         time.sleep(0.5)
     # what --signal=B:USR1@N does near the time limit, now: USR1 to the batch shell
     cluster.run("scancel", "--signal=USR1", "--batch", job)

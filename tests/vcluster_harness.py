@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+import hang_guard
 from hpcdl import vcluster
 from mpi_harness import REPO, mpi_env
 
@@ -52,8 +53,8 @@ def leftovers():
 
 
 def wait_no_leftovers(timeout=10):
-    deadline = time.time() + timeout
-    while leftovers() and time.time() < deadline:
+    clock = hang_guard.Clock(timeout)  # full-speed seconds (tests/hang_guard.py)
+    while leftovers() and not clock.expired():
         time.sleep(0.2)
     return leftovers()
 

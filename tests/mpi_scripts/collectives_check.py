@@ -2,11 +2,13 @@
 own (mpi4py) and against float64 math, with rank- and position-dependent
 data, for numpy arrays and torch tensors. Prints 'CHECKS n FAILED k' on rank
 0 and exits non-zero on any failure.
-argv: PART [MAX_BYTES]. PART is a numpy dtype name (all-reduce of that dtype
-over every op, algorithm and small size), "big:ALGO" (float32 all-reduce of
-MAX_BYTES with one algorithm, every op), or "other" (torch tensors,
-reduce_scatter, allgather, broadcast, async). One part per launch keeps
-every launch short enough for the harness's 60 s timeout."""
+argv: PARTS [MAX_BYTES]. PARTS is a comma-separated list, all run in this one
+launch: a numpy dtype name (all-reduce of that dtype over every op and small
+size; float32 through every algorithm, the others through auto: the dtype x
+op x algorithm matrix itself runs in src_c/tests/test_collectives.c, here the
+binding is checked against MPI), "big:ALGO" (float32 all-reduce of MAX_BYTES
+with one algorithm, sum and max), or "other" (torch tensors, reduce_scatter,
+allgather, broadcast, async). "all" = every dtype and other."""
 import sys
 
 import numpy as np
@@ -16,7 +18,7 @@ from mpi4py import MPI
 from hpcdl import comm
 from coll_common import check, values, verdict
 
-PART = sys.argv[1] if len(sys.argv) > 1 else "float32"
+PARTS = (sys.argv[1] if len(sys.argv) > 1 else "float32").split(",")
 MAX_BYTES = int(sys.argv[2]) if len(sys.argv) > 2 else 64 << 20
 c = comm.init()
 R, N = c.rank, c.size
@@ -134,13 +136,17 @@ def check_async():
     check([r["name"] for r in c.timeline()] == ["rs", "ag", "bc"], "timeline of other ops")
 
 
-if PART == "other":
-    check_other()
-elif PART.startswith("big:"):
-    # sum and max at full size (every op runs at 1 Mi + 3 here and at 64 MiB in
-    # src_c/tests), so each launch stays well inside the harness's timeout
-    check_allreduce("float32", [MAX_BYTES // 4], [PART[4:]], ops=("sum", "max"))
-else:
-    check_allreduce(PART, sizes, ("ring", "hier", "mpi", "auto"))
+ALGOS = ("ring", "hier", "mpi", "auto")
+if PARTS == ["all"]:
+    PARTS = list(NP_TYPES) + ["other"]
+for part in PARTS:
+    if part == "other":
+        check_other()
+    elif part.startswith("big:"):
+        # sum and max at full size (every op runs at 1 Mi + 3 here and at 64 MiB in
+        # src_c/tests)
+        check_allreduce("float32", [MAX_BYTES // 4], [part[4:]], ops=("sum", "max"))
+    else:
+        check_allreduce(part, sizes, ALGOS if part == "float32" else ("auto",))
 
 verdict()
