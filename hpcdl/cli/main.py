@@ -50,6 +50,7 @@ def build_parser():
     p = argparse.ArgumentParser(
         prog="hpcdl",
         description="MPI-based data-parallel deep learning for HPC clusters.",
+        allow_abbrev=False,
         epilog="Run 'hpcdl COMMAND --help' for a command's options. "
                "Docs: README.md and docs/ in the source tree.")
     p.add_argument("--version", action="version", version="hpcdl " + __version__)
@@ -62,7 +63,19 @@ def build_parser():
                 continue
             raise
         mod.register(sub)
+    no_abbreviations(p)
     return p
+
+
+def no_abbreviations(parser):
+    """allow_abbrev=False on parser and every subparser below it: argparse
+    would otherwise take `hpcdl train --lr 0.05` as --lr-scaling 0.05, and a
+    prefix that means one option today means another when an option is added."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                no_abbreviations(child)
 
 
 def main(argv=None):

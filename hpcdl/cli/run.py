@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -207,7 +208,9 @@ def failure(cmd, rc):
 
 def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None):
     """Starts cmd on n ranks (or directly inside a job); returns its exit code.
-    n None: every task of the Slurm allocation, else 1. Every rank starts as
+    n None: every task of the Slurm allocation, or every slot of hosts (as
+    mpirun), else 1. MASTER_ADDR / MASTER_PORT are set when not already
+    (rendezvous_env), for torch.distributed's env://. Every rank starts as
     rankenv.py (torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE from
     the launcher's variables), which execs cmd. Signals to this process go on
     to the launcher (_run; term_as: what a SIGTERM becomes)."""
@@ -221,13 +224,20 @@ def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None):
         return _run(cmd, dict(env, **torchrun_env(env)), term_as)
     ranks_cmd = [sys.executable, "-I", "-S", rankenv.__file__] + cmd
     line = None
-    if inside_slurm_allocation() and not hosts:
+    in_slurm = inside_slurm_allocation() and not hosts
+    rendezvous = rendezvous_env(env, hosts, slurm=in_slurm)
+    env.update(v.split("=", 1) for v in rendezvous)
+    if in_slurm:
         n = _allocation_ranks(n)
         line = srun_command(n, ranks_cmd)
         if line:
             line[1:1] = export_flags("srun", export) + split_mpi_args(mpi_args)
-    line = line or mpirun_command(1 if n is None else n, ranks_cmd, hosts,
-                                  mpi_args=mpi_args, export=export)
+    if n is None and hosts:  # as mpirun: one rank per slot listed
+        n = sum(slots for _, slots in parse_hosts(hosts))
+    if not line:  # ranks on other hosts get the rendezvous through the launcher
+        remote = [v.split("=", 1)[0] for v in rendezvous] if hosts or in_slurm else []
+        line = mpirun_command(1 if n is None else n, ranks_cmd, hosts, mpi_args=mpi_args,
+                              export=list(export) + remote)
     print("hpcdl run: " + shlex.join(line) + note, file=sys.stderr, flush=True)
     rc = _run(line, env, term_as)
     if rc != 0:
@@ -236,6 +246,45 @@ def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None):
             print("hpcdl run: " + ranks_by_host(parse_hosts(hosts), n or 1), file=sys.stderr,
                   flush=True)
     return rc
+
+
+def free_port():
+    """A TCP port free on this host now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def first_slurm_node():
+    """The first host of the Slurm allocation (srun puts rank 0 there), or None."""
+    nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    exe = shutil.which("scontrol")
+    if not nodes or not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "show", "hostnames", nodes], capture_output=True,
+                             text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out[0] if out else None
+
+
+def rendezvous_env(env, hosts, slurm=False):
+    """['MASTER_ADDR=...', 'MASTER_PORT=...'] for what the user has not set:
+    torch.distributed's env:// rendezvous (init_process_group("gloo") in a
+    torchrun-style script) meets at rank 0's host, which is the first host
+    listed (-H, the hostfile, or the allocation's first node: mpirun and srun
+    place rank 0 there), this host without any; the port is one free here
+    (for a remote first host: free here, most likely free there)."""
+    out = []
+    if "MASTER_ADDR" not in env:
+        addr = (parse_hosts(hosts)[0][0] if hosts else first_slurm_node() if slurm
+                else "127.0.0.1")
+        if addr:
+            out.append("MASTER_ADDR=" + addr)
+    if "MASTER_PORT" not in env:
+        out.append("MASTER_PORT=%d" % free_port())
+    return out
 
 
 def _allocation_ranks(n):
@@ -332,6 +381,8 @@ def add_elastic_args(parser):
 
 def run_command(args):
     """`hpcdl run`: plain, or elastic when any elastic flag is given."""
+    if args.cmd[:1] == ["--"]:
+        args.cmd = args.cmd[1:]
     options = launch_options(args)
     if args.verbose:
         options["export"] = list(options["export"]) + ["HPCDL_LOG_LEVEL=INFO"]
@@ -367,16 +418,27 @@ def register(sub):
             "directly. CMD python or python3 runs the interpreter hpcdl itself runs "
             "in (no venv to activate). Each rank gets torchrun's RANK, LOCAL_RANK, "
             "WORLD_SIZE and LOCAL_WORLD_SIZE (from the launcher; the same numbers "
-            "as hpcdl.comm's rank, local_rank, size, local_size).", 79),
+            "as hpcdl.comm's rank, local_rank, size, local_size), and, unless set, "
+            "MASTER_ADDR (the first host: rank 0's) and MASTER_PORT (a free port) for "
+            "torch.distributed's init_process_group. CMD starts at the first word that "
+            "is not an option of hpcdl run (-- is optional, as with horovodrun). "
+            "Without -n: every slot of -H / --hostfile (as mpirun), every task of a "
+            "Slurm allocation, else 1.", 79),
         epilog="examples:\n  hpcdl run -n 4 -- python -c \"from hpcdl import comm; "
                "comm.init(); print(comm.rank(), comm.size())\"\n"
                "  hpcdl run -np 4 -x OMP_NUM_THREADS=1 --mpi-args='--map-by core' -- "
                "python train.py\n"
+               "  hpcdl run -np 2 python train.py --epochs 1     (horovodrun's form)\n"
+               "  hpcdl run -H node1:2,node2:2 -- python train.py  (4 ranks)\n"
                "  hpcdl run -np 4 --min-np 2 --max-np 4 -H node1:2,node2:2 -- python "
                "elastic_train.py",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_launch_args(p, ranks_help="number of ranks (default: every task of the Slurm "
-                                  "allocation inside one, else 1)")
+    add_launch_args(p, ranks_help="number of ranks (default: every slot of -H or "
+                                  "--hostfile, every task of the Slurm allocation "
+                                  "inside one, else 1)")
     add_elastic_args(p)
-    p.add_argument("cmd", nargs="+", metavar="CMD", help="the command (after --)")
+    # everything from the first word that is not one of hpcdl run's options on
+    # is the command, `--` or not: horovodrun's `-np 2 python train.py --epochs 1`
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD ...",
+                   help="the command (after -- or after hpcdl run's own options)")
     p.set_defaults(func=run_command)
