@@ -18,16 +18,19 @@ to mpi4py; callers never reach for the mpi4py communicator themselves.
 
 Topology: local = ranks sharing memory with this one (a node), or virtual
 nodes of HPCDL_LOCAL_SIZE ranks; cross = ranks with the same local rank.
+
+Importing hpcdl.comm does not start MPI: init() does (or the first use of
+Communicator, Handle, CoreError, MismatchError or wtime, which load the C
+core, and the core loads mpi4py.MPI). Before the core loads, its MPI is
+checked against mpi4py's: a core and an mpi4py on two MPIs give one error
+line, not a crash.
 """
 import atexit
 import os
 import sys
 import traceback
 
-from ..utils import mpi_info
-mpi_info.check_same_mpi()  # a core and an mpi4py on two MPIs: one error line, not a crash
-from .communicator import Communicator, CoreError, Handle, MismatchError, wtime
-from ..utils import log
+from ..utils import log, mpi_info
 from ..utils.launch import env_rank  # noqa: F401 - the launcher's rank, before MPI is up
 from ..utils.log import get_logger, print0, warn
 
@@ -41,6 +44,44 @@ __all__ = ["init", "is_initialized", "shutdown", "world", "rank", "size", "local
 _world = None
 _thread_level = None
 _THREAD_NAMES = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
+_LAZY = ("Communicator", "CoreError", "Handle", "MismatchError", "wtime")  # communicator.py's
+_core_module = None
+
+
+def _mpi():
+    """mpi4py.MPI: importing it starts MPI (mpi4py's rc.initialize), asking for
+    MPI_THREAD_MULTIPLE unless the caller imported it first (the engine thread
+    calls MPI too)."""
+    if "mpi4py.MPI" not in sys.modules:
+        import mpi4py
+        mpi4py.rc.thread_level = "multiple"
+    from mpi4py import MPI
+    return MPI
+
+
+def _communicator():
+    """hpcdl.comm.communicator (the C core behind it), loaded on first use
+    after checking that the core and mpi4py are built on one MPI."""
+    global _core_module
+    if _core_module is None:
+        mpi_info.check_same_mpi(_mpi())
+        # communicator.py's `from . import alltoall` means the submodule, but
+        # the package's alltoall is the function below once this file has run:
+        # out of the way while it loads, then back
+        function = globals().pop("alltoall")
+        try:
+            from . import communicator
+        finally:
+            globals()["alltoall"] = function
+        _core_module = communicator
+    return _core_module
+
+
+def __getattr__(name):
+    """Communicator, Handle, CoreError, MismatchError, wtime: on first use."""
+    if name in _LAZY:
+        return getattr(_communicator(), name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
 def init(comm=None, local_size=None):
@@ -52,10 +93,8 @@ def init(comm=None, local_size=None):
         return _world
     from ..utils import horovod_env, rankenv  # HOROVOD_* settings; torchrun's names
     horovod_env.apply(say=warn if env_rank() == 0 else None)
-    import mpi4py
-    if "mpi4py.MPI" not in __import__("sys").modules:
-        mpi4py.rc.thread_level = "multiple"  # the engine thread calls MPI too
-    from mpi4py import MPI
+    MPI = _mpi()
+    Communicator = _communicator().Communicator
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     provided = MPI.Query_thread()
@@ -90,8 +129,7 @@ def _abort_on_exception(exc_type, exc, tb):
     sys.stderr.write("[rank %d] error: uncaught %s; ending the job on every rank "
                      "(MPI_Abort)\n" % (_world.rank if _world else -1, exc_type.__name__))
     sys.stderr.flush()
-    from mpi4py import MPI
-    MPI.COMM_WORLD.Abort(1)
+    _mpi().COMM_WORLD.Abort(1)
 
 
 def _shutdown_at_exit():
@@ -208,7 +246,7 @@ def as_mpi_comm(comm_or_ranks, caller="init"):
     in the message."""
     if comm_or_ranks is None:
         return None
-    from mpi4py import MPI  # communicator set-up only; collectives go through a Communicator
+    MPI = _mpi()  # communicator set-up only; collectives go through a Communicator
     if isinstance(comm_or_ranks, (list, tuple, range)):
         ranks = [int(r) for r in comm_or_ranks]
         sub = MPI.COMM_WORLD.Create(MPI.COMM_WORLD.Get_group().Incl(ranks))

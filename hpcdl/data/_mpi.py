@@ -2,13 +2,18 @@
 has (if any), and agreement on errors, so that a failure on one rank becomes
 the same error on every rank instead of a hang in the next collective.
 
-hpcdl.data works without MPI: a plain process is a job of one rank. It takes
-mpi4py communicators (a user's, or the job's) and must not import hpcdl.comm,
-whose C core starts MPI when it loads; so this module is hpcdl.data's one door
-to MPI (tests/test_architecture.py allows it by name). The rule for "did any
-rank fail" is hpcdl's one rule (utils/agree.py), shared with hpcdl.comm.
+hpcdl.data works without MPI: a plain process is a job of one rank, and no
+MPI starts unless the process was launched as a job. It takes mpi4py
+communicators (a user's, or the job's: hpcdl.comm's world when it is up), so
+this module is hpcdl.data's one door to MPI (tests/test_architecture.py
+allows it by name). The rule for "did any rank fail" is hpcdl's one rule
+(utils/agree.py), shared with hpcdl.comm.
 """
+import sys
+
+from .. import comm as hcomm  # importing it starts no MPI; init() does
 from ..utils.agree import raise_on_every_rank
+from ..utils.launch import inside_parallel_job
 from .manifest import DataError
 
 
@@ -16,15 +21,12 @@ def job_comm():
     """The job's mpi4py communicator: hpcdl.comm's world once initialised,
     MPI.COMM_WORLD when MPI is up or this process was started by mpirun/srun,
     else None (a plain process)."""
-    import sys
-    hcomm = sys.modules.get("hpcdl.comm")  # not imported here: it would start MPI
-    if hcomm is not None and hcomm.is_initialized():
+    if hcomm.is_initialized():
         return hcomm.world().mpi
-    if "mpi4py.MPI" in sys.modules:
+    if "mpi4py.MPI" in sys.modules:  # imported (so MPI may be up) by someone else
         from mpi4py import MPI
         if MPI.Is_initialized() and not MPI.Is_finalized():
             return MPI.COMM_WORLD
-    from ..utils.launch import inside_parallel_job
     if inside_parallel_job():
         from mpi4py import MPI  # initialises MPI
         return MPI.COMM_WORLD

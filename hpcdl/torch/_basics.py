@@ -158,9 +158,9 @@ def handle_average_backwards_compatibility(op, average):
 
 def comm_op(op):
     """Horovod op (or an hpcdl op name) -> hpcdl.comm's op name."""
-    if op == Adasum:
-        raise ValueError("op=Adasum is not supported by hpcdl; use op=hvd.Average "
-                                  "(or hvd.Sum)")
+    if op == Adasum:  # callers send Adasum down its own path first (adasum_ops.py)
+        raise ValueError("op=Adasum is not an element-wise reduction: it runs through "
+                         "hvd.allreduce or DistributedOptimizer(op=hvd.Adasum), not here")
     if isinstance(op, str):
         return op
     if op not in _COMM_OPS:
