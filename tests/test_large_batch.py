@@ -65,3 +65,33 @@ def test_cli_refuses_bad_values_in_one_line(capsys):
         rc = main(["bench", "large-batch"] + argv)
         err = capsys.readouterr().err
         assert rc == 2 and text in err, (argv, rc, err)
+
+
+@pytest.mark.mpi
+def test_study_runs_end_to_end_on_two_ranks(tmp_path):
+    """The seconds-long version of the study: 2 recipes x 2 batches on digits,
+    one epoch; the table, the JSON and the plot come out, and the JSON's rows
+    agree with its own per-run epoch records."""
+    import json
+    import sys
+
+    from mpi_harness import run_mpi
+    out = tmp_path / "lb.json"
+    r = run_mpi(2, [sys.executable, "-m", "hpcdl", "bench", "large-batch", "--data", "digits",
+                    "--model", "mlp", "--batches", "32,256", "--recipes", "goyal,plain",
+                    "--epochs", "2", "--warmup-epochs", "1", "--json", str(out),
+                    "--plot", str(tmp_path / "lb.png")], timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "== run 4/4: recipe plain, global batch 256" in r.stdout
+    data = json.loads(out.read_text())
+    assert [(row["recipe"], row["batch"]) for row in data["rows"]] == \
+        [("goyal", 32), ("goyal", 256), ("plain", 32), ("plain", 256)]
+    base = next(run for run in data["runs"] if run["recipe"] == "goyal" and run["batch"] == 32)
+    assert data["a0"] == base["epochs"][-1]["test_accuracy"]
+    assert data["target"] == pytest.approx(data["a0"] - 0.01)
+    for row in data["rows"]:
+        run = next(x for x in data["runs"] if (x["recipe"], x["batch"]) == (row["recipe"],
+                                                                             row["batch"]))
+        assert row["final_acc"] == run["epochs"][-1]["test_accuracy"]
+        assert len(run["epochs"]) == 2 and run["epochs"][-1]["step"] == 2 * (1437 // row["batch"])
+    assert (tmp_path / "lb.png").stat().st_size > 0

@@ -38,6 +38,7 @@ class Options:
     model: str = "cnn1d"
     target: float = None          # absolute target accuracy; None: A0 - target_drop
     target_drop: float = 0.01
+    warmup_epochs: float = None   # replaces the warmup of recipes that warm up
     extra: dict = field(default_factory=dict)   # more TrainConfig values for every run
     out: str = None               # keep each run's metrics here (default: a temp dir)
     json: str = None
@@ -129,12 +130,21 @@ def summarize(runs, target):
 
 
 # ---------------------------------------------------------------- the runs
+def run_values(opts, recipe, batch, seed, out):
+    """TrainConfig values of one run: the recipe's own, with this study's data,
+    model, batch, budget and seed (and --warmup-epochs where the recipe warms up)."""
+    from ..train.config import load_recipe
+    values = dict(opts.extra, data=opts.data, model=opts.model, recipe=recipe,
+                  global_batch=batch, epochs=opts.epochs, seed=seed, out=out)
+    if opts.warmup_epochs is not None and load_recipe(recipe).get("warmup_epochs", 0) > 0:
+        values["warmup_epochs"] = opts.warmup_epochs
+    return values
+
+
 def train_one(opts, recipe, batch, seed, out):
     """One training run, every rank together; rank 0 returns its epoch records."""
     from ..train import TrainConfig, train
-    values = dict(opts.extra, data=opts.data, model=opts.model, recipe=recipe,
-                  global_batch=batch, epochs=opts.epochs, seed=seed, out=out)
-    train(TrainConfig(**values))
+    train(TrainConfig(**run_values(opts, recipe, batch, seed, out)))
     if comm.rank() != 0:
         return None
     with open(os.path.join(out, "metrics.jsonl")) as f:
@@ -234,7 +244,10 @@ def plot(rows, target, path):
     steps.set_xscale("log", base=2)
     steps.set_yscale("log")
     steps.set_xlabel("global batch")
-    steps.set_ylabel("steps to target %.3f (dotted: perfect scaling, dashed: fit)" % target)
+    steps.set_ylabel("steps to test accuracy %.3f" % target)
+    steps.set_title("dotted: perfect scaling from the smallest batch; dashed: "
+                    "S_min (1 + B_noise/B)", fontsize=8)
+    acc.set_title("final test accuracy, mean over seeds; line: the target", fontsize=8)
     steps.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -34,6 +34,9 @@ def register(sub):
     p.add_argument("--epochs", type=int, default=10, help="epoch budget of every run")
     p.add_argument("--data", default="mnist1d", help="as hpcdl train --data (default mnist1d)")
     p.add_argument("--model", default="cnn1d", help="as hpcdl train --model (default cnn1d)")
+    p.add_argument("--warmup-epochs", type=float, default=None,
+                   help="warmup of the recipes that warm up (goyal, lars, lamb; plain keeps "
+                        "none); default: each recipe's own, which must fit in --epochs")
     p.add_argument("--target", type=float, default=None,
                    help="target test accuracy (default: baseline's minus --target-drop)")
     p.add_argument("--target-drop", type=float, default=0.01,
@@ -70,7 +73,8 @@ def options(args):
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [0]
     return Options(batches=sorted(set(_ints("--batches", args.batches))), recipes=recipes,
                    seeds=seeds, epochs=args.epochs, data=args.data, model=args.model,
-                   target=args.target, target_drop=args.target_drop, out=args.out,
+                   target=args.target, target_drop=args.target_drop, warmup_epochs=args.warmup_epochs,
+                   out=args.out,
                    json=args.json, plot=args.plot)
 
 
@@ -78,12 +82,12 @@ def check_configs(opts):
     """Every run's config checked before any rank starts: a bad recipe, batch
     or data name is one line here, not an error on every rank later."""
     from ..train import ConfigError, TrainConfig
+    from ..train.config import with_recipe
+    from ..bench.large_batch import run_values
     for recipe in opts.recipes:
         for batch in opts.batches:
-            cfg = TrainConfig(data=opts.data, model=opts.model, recipe=recipe,
-                              global_batch=batch, epochs=opts.epochs)
             try:
-                cfg.check(1)
+                with_recipe(TrainConfig(**run_values(opts, recipe, batch, 0, None))).check(1)
             except ConfigError as e:
                 raise UsageError("recipe %s, batch %d: %s" % (recipe, batch, e))
 
@@ -94,7 +98,8 @@ def run(args):
     from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         argv = [sys.executable, "-m", "hpcdl", "bench", "large-batch"]
-        for flag in ("batches", "recipes", "seeds", "epochs", "data", "model", "target",
+        for flag in ("batches", "recipes", "seeds", "epochs", "data", "model",
+                     "warmup_epochs", "target",
                      "target_drop", "out", "json", "plot"):
             value = getattr(args, flag)
             argv += ["--" + flag.replace("_", "-"), str(value)] if value is not None else []
