@@ -17,15 +17,16 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 
-from ..utils import rankenv
+from ..utils import causes, rankenv
 from ..utils.launch import (MPI_ENV_VARS, allocation_tasks,  # noqa: F401 (re-exported)
                             inside_parallel_job, inside_slurm_allocation)
 from ..utils.mpi_info import core_launcher, launcher_flavour, launcher_mismatch
 from ..utils.rankenv import torchrun_env
 from ..vcluster.agent import launch_hosts_problem, ranks_by_host
 from . import elastic_run
-from .main import UsageError
+from .main import UsageError, print_errors
 
 
 def default_ranks(n):
@@ -206,14 +207,17 @@ def failure(cmd, rc):
     return "%s exited with status %d on at least one rank" % (what, rc)
 
 
-def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None):
+def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None, tracebacks=False):
     """Starts cmd on n ranks (or directly inside a job); returns its exit code.
     n None: every task of the Slurm allocation, or every slot of hosts (as
     mpirun), else 1. MASTER_ADDR / MASTER_PORT are set when not already
     (rendezvous_env), for torch.distributed's env://. Every rank starts as
     rankenv.py (torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE from
     the launcher's variables), which execs cmd. Signals to this process go on
-    to the launcher (_run; term_as: what a SIGTERM becomes)."""
+    to the launcher (_run; term_as: what a SIGTERM becomes). Errors hpcdl
+    raised on the ranks are summed up as one line per cause, their
+    tracebacks kept in a log file it names (utils/causes.py), unless
+    tracebacks."""
     if not cmd:
         raise UsageError("no command given; usage: hpcdl run -n N -- CMD ...")
     cmd, note = resolve_command(cmd, check_path=not hosts)
@@ -226,6 +230,8 @@ def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None):
     line = None
     in_slurm = inside_slurm_allocation() and not hosts
     rendezvous = rendezvous_env(env, hosts, slurm=in_slurm)
+    if not tracebacks:
+        rendezvous.append(causes.ENV + "=1")
     env.update(v.split("=", 1) for v in rendezvous)
     if in_slurm:
         n = _allocation_ranks(n)
@@ -239,8 +245,11 @@ def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None):
         line = mpirun_command(1 if n is None else n, ranks_cmd, hosts, mpi_args=mpi_args,
                               export=list(export) + remote)
     print("hpcdl run: " + shlex.join(line) + note, file=sys.stderr, flush=True)
-    rc = _run(line, env, term_as)
+    sieve = None if tracebacks else causes.Sieve()
+    rc = _run(line, env, term_as, sieve)
     if rc != 0:
+        if sieve is not None and sieve.causes:
+            print_errors(sieve.summary(), prefix="hpcdl run: ")
         print("hpcdl run: " + failure(cmd, rc), file=sys.stderr, flush=True)
         if hosts:  # mpirun names a lost host; this names its ranks
             print("hpcdl run: " + ranks_by_host(parse_hosts(hosts), n or 1), file=sys.stderr,
@@ -309,14 +318,20 @@ def _allocation_ranks(n):
 FORWARDED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
 
 
-def _run(line, env=None, term_as=None):
+def _run(line, env=None, term_as=None, sieve=None):
     """Runs line, passing FORWARDED signals on to it; returns its exit code.
     term_as: the signal a SIGTERM is passed on as (hpcdl train: SIGUSR1, its
-    other stop signal, so that the ranks get the time to checkpoint)."""
+    other stop signal, so that the ranks get the time to checkpoint). sieve:
+    a causes.Sieve that reads the launcher's stderr."""
     try:
-        proc = subprocess.Popen(line, env=env)
+        proc = subprocess.Popen(line, env=env,
+                                stderr=subprocess.PIPE if sieve is not None else None)
     except FileNotFoundError:
         raise UsageError("%s could not be started: not found" % line[0])
+    reader = None
+    if sieve is not None:
+        reader = threading.Thread(target=sieve.run, args=(proc.stderr,), daemon=True)
+        reader.start()
 
     def forward(signum, frame):
         if signum == signal.SIGTERM and term_as is not None:
@@ -334,6 +349,8 @@ def _run(line, env=None, term_as=None):
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+        if reader is not None:
+            reader.join(timeout=10)  # the rest of the launcher's stderr
 
 
 def add_launch_args(parser, ranks_help=None):
@@ -352,6 +369,10 @@ def add_launch_args(parser, ranks_help=None):
     parser.add_argument("-x", dest="export", action="append", default=[],
                         metavar="VAR[=VALUE]", help="pass VAR (set to VALUE) to every rank, "
                                                     "as mpirun -x does (repeatable)")
+    parser.add_argument("--tracebacks", action="store_true",
+                        help="show the ranks' full tracebacks and the launcher's messages "
+                             "for errors hpcdl raised (default: one line per cause, the "
+                             "rest in a log file it names)")
 
 
 def launch_options(args):
@@ -361,7 +382,8 @@ def launch_options(args):
         if hosts:
             raise UsageError("give -H or --hostfile, not both")
         hosts = read_hostfile(args.hostfile)
-    return dict(hosts=hosts, mpi_args=args.mpi_args, export=args.export)
+    return dict(hosts=hosts, mpi_args=args.mpi_args, export=args.export,
+                tracebacks=getattr(args, "tracebacks", False))
 
 
 def add_elastic_args(parser):

@@ -28,7 +28,6 @@ line, not a crash.
 import atexit
 import os
 import sys
-import traceback
 
 from ..utils import log, mpi_info
 from ..utils.launch import env_rank  # noqa: F401 - the launcher's rank, before MPI is up
@@ -122,8 +121,10 @@ def init(comm=None, local_size=None):
 def _abort_on_exception(exc_type, exc, tb):
     """An uncaught exception on one rank ends the whole job (MPI_Abort): the
     other ranks would otherwise wait for it forever in their next collective.
-    HPCDL_ABORT_ON_EXCEPTION=0 keeps Python's default."""
-    traceback.print_exception(exc_type, exc, tb)
+    HPCDL_ABORT_ON_EXCEPTION=0 keeps Python's default. An error of hpcdl's own
+    goes to the launcher as one cause line when it asked (utils/causes.py)."""
+    from ..utils import causes
+    causes.report(exc_type, exc, tb, _world.rank if _world else -1)
     if issubclass(exc_type, KeyboardInterrupt):
         return
     sys.stderr.write("[rank %d] error: uncaught %s; ending the job on every rank "

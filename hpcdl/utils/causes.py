@@ -1,0 +1,155 @@
+"""causes.py - one line per cause when ranks fail with an error hpcdl raised
+itself (a mismatch, bad data, a config or checkpoint problem), instead of
+every rank's traceback in the launcher's banners.
+
+Rank side (report, from the uncaught-exception hook in hpcdl.comm): when the
+launcher asked for it (HPCDL_CAUSES=1, set by `hpcdl run` / `hpcdl train`)
+and the exception's class is hpcdl's, the rank writes its traceback and one
+cause record to stderr as marked lines, in one write. Marked lines travel
+through mpirun / srun from any host like the rest of stderr.
+
+Launcher side (Sieve, on the launcher's stderr): marked lines and, once a
+cause was seen, the launcher's own abort banners go to a log file; every
+other line passes through at once. At the end the launcher prints one line
+per distinct cause (its ranks, its message, which carries hpcdl's hint) and
+names the log file. `--tracebacks` keeps everything on the terminal.
+"""
+import json
+import os
+import re
+import sys
+import tempfile
+import traceback
+
+MARK = "\x1bhpcdl-cause"   # a cause record: MARK + " " + json
+TB_MARK = "\x1bhpcdl-tb"   # a traceback line: TB_MARK + " R " + text
+ENV = "HPCDL_CAUSES"
+
+
+def ours(exc_type):
+    """Errors hpcdl raises with a message meant for the user (classes of hpcdl's
+    own modules: MismatchError, DataError, ConfigError, ...)."""
+    return getattr(exc_type, "__module__", "").split(".")[0] == "hpcdl"
+
+
+def report(exc_type, exc, tb, rank):
+    """Writes the uncaught exception to stderr: marked for the launcher (True)
+    when it asked and the error is hpcdl's, else Python's traceback (False)."""
+    if os.environ.get(ENV) != "1" or not ours(exc_type):
+        traceback.print_exception(exc_type, exc, tb)
+        return False
+    lines = "".join(traceback.format_exception(exc_type, exc, tb)).splitlines()
+    record = {"rank": rank, "type": exc_type.__name__, "message": str(exc)}
+    text = "".join("%s %d %s\n" % (TB_MARK, rank, line) for line in lines)
+    text += "%s %s\n" % (MARK, json.dumps(record))
+    sys.stderr.flush()
+    os.write(2, text.encode("utf-8", "replace"))
+    return True
+
+
+# ------------------------------------------------------------ launcher side
+# what Open MPI / MPICH print around an abort, once the cause is known
+NOISE = re.compile(r"ORTE_ERROR_LOG|more process(es)? ha(s|ve) sent help message|"
+                   r"orte_base_help_aggregate|uncaught \w+; ending the job|"
+                   r"application called MPI_Abort|BAD TERMINATION|^\s*=+\s*$")
+DASHES = re.compile(r"^-{20,}\s*$")
+
+
+class Sieve:
+    """Reads the launcher's stderr (a binary stream) line by line: marked
+    lines and, after a cause, the launchers' abort noise go to the log;
+    the rest to out. causes: [(type, message, [ranks])] in order seen."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stderr
+        self.causes = []
+        self.path = None
+        self._log = None
+        self._block = None  # lines of an open ------ banner
+
+    def log(self, line):
+        if self._log is None:
+            fd, self.path = tempfile.mkstemp(prefix="hpcdl-errors-", suffix=".log")
+            self._log = os.fdopen(fd, "w")
+        self._log.write(line if line.endswith("\n") else line + "\n")
+
+    def _show(self, line):
+        self.out.write(line)
+        self.out.flush()
+
+    def feed(self, line):
+        if TB_MARK in line:
+            rank, _, text = line.split(TB_MARK, 1)[1][1:].partition(" ")
+            self.log("[rank %s] %s" % (rank, text))
+            return
+        if MARK in line:
+            self._cause(line.split(MARK, 1)[1])
+            return
+        if self._block is not None:  # inside a banner: decide at its end
+            self._block.append(line)
+            if DASHES.match(line):
+                self._end_block()
+            return
+        if DASHES.match(line):
+            self._block = [line]
+            return
+        if self.causes and NOISE.search(line):
+            self.log(line)
+        else:
+            self._show(line)
+
+    def _end_block(self):
+        block, self._block = self._block, None
+        if self.causes:
+            for line in block:
+                self.log(line)
+        else:
+            self._show("".join(block))
+
+    def _cause(self, payload):
+        try:
+            rec = json.loads(payload)
+        except ValueError:
+            return
+        message = re.sub(r"^\[rank \d+\]\s*", "", str(rec.get("message", "")))
+        message = " ".join(message.split())
+        key = (rec.get("type"), message)
+        for kind, text, ranks in self.causes:
+            if (kind, text) == key:
+                ranks.append(rec.get("rank"))
+                break
+        else:
+            self.causes.append((key[0], key[1], [rec.get("rank")]))
+        self.log("[rank %s] %s: %s" % (rec.get("rank"), key[0], message))
+
+    def run(self, stream):
+        """Feeds every line of stream (bytes); returns at its end."""
+        for raw in iter(stream.readline, b""):
+            self.feed(raw.decode("utf-8", "replace"))
+        if self._block is not None:
+            self._end_block()
+        if self._log is not None:
+            self._log.close()
+
+    def summary(self):
+        """The launcher's lines: one per distinct cause, then the log's name."""
+        out = []
+        for kind, message, ranks in self.causes:
+            out.append("%s on %s: %s" % (kind, rank_list(ranks), message))
+        if self.causes and self.path:
+            out.append("full tracebacks and the launcher's messages: %s (--tracebacks shows "
+                       "them here)" % self.path)
+        return out
+
+
+def rank_list(ranks):
+    """[0, 1, 2, 5] -> 'ranks 0-2,5'; [3] -> 'rank 3'."""
+    ranks = sorted({r for r in ranks if isinstance(r, int)})
+    if not ranks:
+        return "a rank"
+    parts, start = [], ranks[0]
+    for prev, cur in zip(ranks, ranks[1:] + [None]):
+        if cur is None or cur != prev + 1:
+            parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
+            start = cur
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)

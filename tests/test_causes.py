@@ -1,0 +1,62 @@
+"""test_causes.py - an error hpcdl raised on the ranks reaches the user as one
+line per distinct cause (its ranks, its message and hint), with the full
+tracebacks and the launcher's abort banners in a log file the launcher names
+(issue 32, item 4: a shape mismatch took ~72 lines on 2 ranks)."""
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from hpcdl.utils import causes
+
+HPCDL = [sys.executable, "-m", "hpcdl"]
+MISMATCH = ("import torch, hpcdl.torch as hvd\n"
+            "hvd.init()\n"
+            "hvd.allreduce(torch.ones(4 + hvd.rank()), name='w')\n")
+
+
+def test_sieve_one_line_per_cause():
+    out = io.StringIO()
+    s = causes.Sieve(out)
+    rec = lambda r, msg: "%s %s\n" % (causes.MARK, json.dumps(
+        {"rank": r, "type": "DataError", "message": msg}))
+    for line in ["epoch 1 loss 0.5\n", "%s 1 Traceback (most recent call last):\n" % causes.TB_MARK,
+                 rec(1, "[rank 1] shard a.h5 rows 3-4: bad"), rec(2, "[rank 2] shard a.h5 rows 3-4: bad"),
+                 rec(0, "other"), "-" * 74 + "\n", "MPI_ABORT was invoked on rank 1\n",
+                 "-" * 74 + "\n", "[vm:1] 2 more processes have sent help message x\n",
+                 "a user's warning\n"]:
+        s.feed(line)
+    s._log.close()
+    assert out.getvalue() == "epoch 1 loss 0.5\na user's warning\n"
+    assert s.summary()[:2] == ["DataError on ranks 1-2: shard a.h5 rows 3-4: bad",
+                               "DataError on rank 0: other"]
+    log = open(s.path).read()
+    os.unlink(s.path)
+    assert "[rank 1] Traceback" in log and "MPI_ABORT" in log and "help message" in log
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("tracebacks", [False, True])
+def test_a_mismatch_is_one_line(tmp_path, tracebacks):
+    script = tmp_path / "mismatch.py"
+    script.write_text(MISMATCH)
+    flags = ["--tracebacks"] if tracebacks else []
+    r = subprocess.run(HPCDL + ["run", "-np", "2"] + flags + ["python", str(script)],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode != 0
+    if tracebacks:  # everything, as before
+        assert "Traceback" in r.stderr and "MPI_ABORT" in r.stderr, r.stderr
+        return
+    lines = [l for l in r.stderr.splitlines() if "MismatchError" in l]
+    assert len(lines) == 1 and lines[0].startswith("hpcdl run: MismatchError on ranks 0-1: "
+                                                   "Mismatched allreduce tensor shapes"), r.stderr
+    assert "rank 1: float32 [5]" in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert "MPI_ABORT" not in r.stderr and len(r.stderr.splitlines()) <= 6, r.stderr
+    log = re.search(r"full tracebacks and the launcher's messages: (\S+)", r.stderr).group(1)
+    text = open(log).read()
+    os.unlink(log)
+    assert text.count("Traceback") >= 2 and "[rank 0]" in text and "[rank 1]" in text, text
