@@ -1,6 +1,6 @@
 """torch_backend_check.py - run under mpirun: torch.distributed on backend
 "hpcdl" against single-process math, on rank- and position-dependent data.
-argv: PART = coll | groups | errors | all. No MASTER_ADDR/PORT: MPI is the
+argv: PART = coll | groups | p2p | errors | all. No MASTER_ADDR/PORT: MPI is the
 rendezvous. Prints 'CHECKS n FAILED k'."""
 import os
 
@@ -217,14 +217,44 @@ def errors():
     t = data(R, (5,), torch.float32)
     dist.all_reduce(t)  # the group goes on after the refused call
     close(t, sum(data(r, (5,), torch.float32) for r in range(N)), "all_reduce after mismatch")
-    for call in (lambda: dist.send(torch.ones(1), (R + 1) % N),
-                 lambda: dist.recv(torch.ones(1), (R + 1) % N)):
-        try:
-            call()
-            check(False, "p2p did not raise")
-        except (NotImplementedError, RuntimeError) as e:
-            check("not in the hpcdl backend yet" in str(e), "p2p message: %s" % e)
+    try:
+        dist.recv(torch.ones(1))
+        check(False, "recv from any source did not raise")
+    except (NotImplementedError, RuntimeError) as e:
+        check("not in the hpcdl backend yet" in str(e), "recv any source message: %s" % e)
     check(dist.get_backend() == "hpcdl", "get_backend: %s" % dist.get_backend())
+
+
+# ----------------------------------------------------------- point-to-point
+def point_to_point():
+    nxt, prv = (R + 1) % N, (R - 1) % N
+    for dtype in (torch.float32, torch.int64, torch.bool, torch.bfloat16):
+        for shape in ((0,), (1,), (5, 7), (1031,), (300000,)):
+            # blocking, ordered so that nobody waits in a send for a receiver
+            got = torch.zeros(shape).to(dtype)
+            if R % 2 == 0:
+                dist.send(data(R, shape, dtype), nxt)
+                dist.recv(got, prv)
+            else:
+                dist.recv(got, prv)
+                dist.send(data(R, shape, dtype), nxt)
+            close(got, data(prv, shape, dtype), "send/recv ring %s %s" % (dtype, shape))
+    # batch_isend_irecv both ways at once, with tags; one target not contiguous
+    out_a, out_b = torch.zeros(64), torch.zeros(8, 6).t()
+    ops = [dist.P2POp(dist.isend, data(R, (64,), torch.float32), nxt, tag=1),
+           dist.P2POp(dist.isend, data(R + 50, (6, 8), torch.float32), prv, tag=2),
+           dist.P2POp(dist.irecv, out_a, prv, tag=1),
+           dist.P2POp(dist.irecv, out_b, nxt, tag=2)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    close(out_a, data(prv, (64,), torch.float32), "batch_isend_irecv forward")
+    close(out_b, data(nxt + 50, (6, 8), torch.float32), "batch_isend_irecv backward, strided")
+    # isend's future (what pipelining schedules may chain on)
+    got = torch.zeros(10)
+    fs = dist.isend(data(R, (10,), torch.float32), nxt).get_future()
+    dist.irecv(got, prv).wait()
+    fs.wait()
+    close(got, data(prv, (10,), torch.float32), "isend future, irecv wait")
 
 
 def main_parts():
@@ -234,6 +264,8 @@ def main_parts():
                   barrier_and_coalesced, gather_scatter, all_to_all]
     if section("groups"):
         parts.append(groups)
+    if section("p2p"):
+        parts.append(point_to_point)
     if section("errors"):
         parts.append(errors)
     return parts

@@ -5,7 +5,9 @@ flight during backward), with register_comm_hook (torch's allreduce_hook,
 and a hook of our own chaining the future), gradient accumulation with
 no_sync(), find_unused_parameters; FSDP2 fully_shard with reshard after
 forward on and off; DTensor tensor parallelism (ColwiseParallel /
-RowwiseParallel on the MLP). Prints 'CHECKS n FAILED k'."""
+RowwiseParallel on the MLP); torch.distributed.pipelining (ScheduleGPipe and
+Schedule1F1B, one stage per rank, over the backend's send/recv). Prints
+'CHECKS n FAILED k'."""
 import os
 
 for var in ("MASTER_ADDR", "MASTER_PORT"):
@@ -16,6 +18,8 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B,  # noqa: E402
+                                          ScheduleGPipe)
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,  # noqa: E402
                                                parallelize_module)
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
@@ -166,5 +170,46 @@ def tensor_parallel():
     compare("tensor parallel colwise/rowwise", model, reference(1))
 
 
+def stages():
+    """One block per rank: Linear + tanh, the last one Linear to D_OUT."""
+    torch.manual_seed(0)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(D_IN, D_IN), torch.nn.Tanh())
+              for _ in range(N - 1)]
+    return torch.nn.Sequential(*blocks, torch.nn.Linear(D_IN, D_OUT))
+
+
+def pipelined(schedule_cls, micro=4):
+    """Rank r runs block r; the schedule splits the global batch in micro-
+    batches and averages their losses' gradients (torch's scale_grads)."""
+    ref, model = stages(), stages()
+    part = model[R]
+    stage = PipelineStage(part, R, N, torch.device("cpu"))
+    schedule = schedule_cls(stage, n_microbatches=micro,
+                            loss_fn=torch.nn.functional.mse_loss)
+    opt = torch.optim.SGD(part.parameters(), lr=LR, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
+    for step in range(STEPS):
+        x, y = batch(step)
+        opt.zero_grad()
+        if R == 0:
+            schedule.step(x)
+        elif R == N - 1:
+            schedule.step(target=y)
+        else:
+            schedule.step()
+        opt.step()
+        ref_opt.zero_grad()
+        pairs = zip(x.chunk(micro), y.chunk(micro))
+        (sum(torch.nn.functional.mse_loss(ref(xm), ym) for xm, ym in pairs) / micro).backward()
+        ref_opt.step()
+    compare("pipelining %s" % schedule_cls.__name__, part, ref[R])
+
+
+def pipelining():
+    pipelined(ScheduleGPipe)
+    pipelined(Schedule1F1B)
+
+
 if __name__ == "__main__":
-    run(plain, hooks, accumulate, unused, fsdp2, tensor_parallel, dist.destroy_process_group)
+    run(plain, hooks, accumulate, unused, fsdp2, tensor_parallel, pipelining,
+        dist.destroy_process_group)

@@ -15,7 +15,9 @@ Where each call runs:
   all_to_all_single (the Communicator's all-to-all; gather and scatter are
   all-to-alls where only the root sends or receives). Their Works are done
   when returned.
-- not yet: send / recv / batched p2p (hpcdl.comm has no point-to-point).
+- point-to-point (send, recv, isend, irecv, batch_isend_irecv): started at
+  once on hpcdl.comm.p2p (its own duplicate communicator), finished like the
+  engine's Works. Not yet: recv from any source.
 
 Sub-groups: torch's new_group() delegates to new_group() here, which splits
 the Communicator (collective over every rank, like new_group itself).
@@ -25,6 +27,7 @@ import torch.distributed as dist
 
 from . import _tensors as T
 from ._work import Work, done_work
+from ...comm.p2p import PointToPoint
 
 BACKEND_NAME = "hpcdl"
 
@@ -38,6 +41,7 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
         self._timeout = timeout  # kept for torch; hpcdl's stall inspector handles hangs
         self._pending = []       # engine Works not yet known to be done, in order
         self._cuda = _core_has_cuda()
+        self._p2p = PointToPoint(communicator)  # collective, like creating the group
 
     def getBackendName(self):
         return BACKEND_NAME
@@ -243,14 +247,30 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
         return done_work(list(outputs), "scatter")
 
     # ------------------------------------------------------- point-to-point
+    # isend / irecv on the group's PointToPoint (MPI_Isend / MPI_Irecv on a
+    # duplicate communicator), started at once on the caller's thread, outside
+    # the engine: their Works finish like the engine's (wait or future).
+    # dst / src are ranks of this group (torch translates global ranks).
     def send(self, tensors, dst, tag=0):
-        raise NotImplementedError(_NO_P2P)
+        requests = []
+        for t in tensors:
+            requests.append(self._p2p.isend(T.host_flat(t), dst, tag))
+        return Work(requests, list(tensors), None, "send")
 
     def recv(self, tensors, src, tag=0):
-        raise NotImplementedError(_NO_P2P)
+        requests, thens = [], []
+        for t in tensors:
+            if t.device.type == "cpu" and t.is_contiguous():
+                requests.append(self._p2p.irecv(t.detach(), src, tag))
+                continue
+            staged = torch.empty(t.shape, dtype=t.dtype)
+            requests.append(self._p2p.irecv(staged, src, tag))
+            thens.append(lambda t=t, staged=staged: t.copy_(staged))
+        return Work(requests, list(tensors), T.chain(*thens), "recv")
 
     def recv_anysource(self, tensors, tag=0):
-        raise NotImplementedError(_NO_P2P)
+        raise NotImplementedError("recv from any source (dist.recv(t) without src) is not in "
+                                  "the hpcdl backend yet; name the source rank")
 
     # ----------------------------------------------------------- sub-groups
     def new_group(self, ranks, timeout=None, pg_options=None, group_name=None,
@@ -275,13 +295,12 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
         down in the same order on every rank). The world's Communicator stays
         with hpcdl.comm, which closes it at exit."""
         self._drain()
+        if self._p2p is not None:
+            self._p2p.close()
+            self._p2p = None
         if getattr(self, "_owns_comm", False) and self._comm is not None:
             comm, self._comm = self._comm, None
             comm.free()
-
-
-_NO_P2P = ("send / recv / isend / irecv / batch_isend_irecv are not in the hpcdl backend yet "
-           "(hpcdl.comm has no point-to-point); use collectives, or gloo for a p2p group")
 
 
 def _core_has_cuda():
