@@ -262,7 +262,7 @@ def run(opts):
     mpi = world.mpi
     if opts.fusion_mb is not None:  # read when DistributedOptimizer plans its buckets
         os.environ["HPCDL_FUSION_THRESHOLD"] = str(int(opts.fusion_mb * (1 << 20)))
-    from ..torch.optimizer import fusion_threshold
+    from ..torch.reducer import fusion_threshold
     data = batches(opts, build_model(opts.model)[1], 10, world.rank, opts.warmup + opts.steps)
     nparams = sum(p.numel() for p in build_model(opts.model)[0].parameters())
     err = start_gloo(mpi, job)

@@ -126,8 +126,8 @@ def make_hpcdl(opts, stage):
 
     def grads():  # stage 2: the gradient blocks; p.grad is None between steps
         held = [p.grad for p in model.parameters()]
-        return held + ([s.grad for s in opt._zero.shards] if stage == 2 else [])
-    peak = (lambda: opt._zero.grad_bytes()["peak"]) if stage == 2 else None
+        return held + (opt.grad_shards() if stage == 2 else [])
+    peak = (lambda: opt.grad_bytes()["peak"]) if stage == 2 else None
     return Impl("hpcdl-zero%d" % stage, stage, model, opt, grads, model.parameters,
                 grad_peak=peak)
 
@@ -222,7 +222,7 @@ def one_pass(opts, gloo_ok, data, mpi):
     rows = {}
     for impl in impls:
         mx = lambda v: mpi.allreduce(v, op=MPI.MAX)  # noqa: E731 - the largest rank's
-        sb = impl.opt._zero.state_bytes() if getattr(impl.opt, "_zero", None) else \
+        sb = impl.opt.state_bytes() if getattr(impl.opt, "sharding", None) else \
             opt_state_bytes(impl.opt)
         rows[impl.name] = dict(
             stage=impl.stage,

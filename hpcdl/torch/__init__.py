@@ -18,7 +18,7 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
                         broadcast_parameters)
 from .mpi_ops import *  # noqa: F401,F403 - the collectives grid, listed in mpi_ops.__all__
 from .mpi_ops import __all__ as _ops_all
-from .optimizer import DistributedOptimizer  # part of the surface: its ImportError is real
+from .distributed_optimizer import DistributedOptimizer  # a function, as Horovod's
 from .sync_batch_norm import SyncBatchNorm
 from .zero import shard_model  # ZeRO stage 3 (docs/zero.md)
 from . import elastic  # hvd.elastic.run, TorchState, ... (restart-based)

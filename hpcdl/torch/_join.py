@@ -19,7 +19,7 @@ the other ranks' instead, until every rank has joined:
 
   DistributedOptimizer (zero_stage=0, global set): its step's round names
       the optimizer; the joined rank all-reduces every bucket of its own
-      copy, zeroed, in bucket order (optimizer.py join_answer), so the
+      copy, zeroed, in bucket order (reducer.py join_answer), so the
       others average their gradients with its zeros, as in Horovod.
 
 join() returns the rank that joined last: every rank learns it from the
@@ -46,8 +46,8 @@ from .exceptions import HorovodInternalError
 from ._shapes import (ITEMS, JOINED, KIND, KINDS, NITEMS, OP, ROOT, ROW_ELEMS, SLOTS,
                       descriptor, dtype_of, joined_row, start_round)
 
-# number -> DistributedOptimizer that join() can answer (optimizer.py registers
-# them here, so that imports run one way: optimizer -> _join)
+# join number -> Reducer whose steps join() can answer (reducer.py registers
+# them here, so that imports run one way: reducer -> _join)
 joinable = weakref.WeakValueDictionary()
 
 
@@ -91,11 +91,11 @@ def _answer(on, row, where):
                                               op=row[OP], name="join.zeros"))
         handles += [_invalid(on) for _ in range(row[NITEMS] - SLOTS)]
     elif kind == "optimizer":
-        opt = joinable.get(row[ROOT])
-        if opt is None or len(opt._buckets) != row[NITEMS]:
+        reducer = joinable.get(row[ROOT])
+        if reducer is None or len(reducer.buckets) != row[NITEMS]:
             handles += [_invalid(on) for _ in range(row[NITEMS])]
         else:
-            handles += opt.join_answer(row[OP])
+            handles += reducer.join_answer(row[OP])
     elif kind == "broadcast":
         count, dtype = items[0]
         handles.append(_handles.start("broadcast", torch.zeros(count, dtype=dtype),
@@ -116,12 +116,11 @@ def _answer(on, row, where):
             pass
 
 
-def start_step_round(opt):
-    """Queues the round that opens a DistributedOptimizer step (its number,
-    op and bucket count); returns its comm handle (wait before the next)."""
-    row = descriptor("optimizer", [], op=opt._op, root=opt._join_number,
-                     items=[(b.numel, b.buffer.dtype) for b in opt._buckets])
-    handle, _ = start_round(opt._comm, row, "optimizer")
+def start_step_round(on, number, op, items):
+    """Queues the round that opens a Reducer's step (its join number, op and
+    buckets' (size, dtype)); returns its comm handle (wait before the next)."""
+    row = descriptor("optimizer", [], op=op, root=number, items=items)
+    handle, _ = start_round(on, row, "optimizer")
     return handle
 
 

@@ -15,15 +15,20 @@ import torch
 
 from ..optim.wrapper import OptimizerWrapper
 from . import adasum_ops, _handles
-from .compression import compress
+from .compression import Compression, compress
+from .reducer import member_comm, param_names
 
 
 class DistributedAdasumOptimizer(OptimizerWrapper):
-    def __init__(self, optimizer, names, compression, on):
+    """hvd.DistributedOptimizer(..., op=hvd.Adasum) returns one."""
+
+    def __init__(self, optimizer, named_parameters=None, compression=None, process_set=None):
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         super().__init__(optimizer, params)
-        self._names, self._compression, self._on = names, compression, on
-        self._parameter_names = names
+        self._names = param_names(params, named_parameters)
+        self._compression = compression if compression is not None else Compression.none
+        self._on = member_comm(process_set)
+        self._parameter_names = self._names
 
     def synchronize(self):
         """Nothing to wait for: the deltas are combined inside step()."""

@@ -106,7 +106,7 @@ class Zero(AllReduce):
 
     def state_bytes(self):
         """Optimizer-state bytes this rank holds (its shard)."""
-        return self.opt._zero.state_bytes()
+        return self.opt.state_bytes()
 
     def finish(self):
         """The summary's fields, plus the stage and the largest per-rank state."""

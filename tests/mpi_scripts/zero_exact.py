@@ -190,9 +190,9 @@ def check_grad_bytes(c, zero, fails):
     With backward_passes_per_step > 1 every bucket accumulates locally until
     its last pass, so the whole gradient is held then."""
     from hpcdl.torch.zero.layout import REDUCE_IN_FLIGHT
-    got = zero._zero.grad_bytes()
-    sizes = sorted(b.numel * 4 for b in zero._buckets)
-    shard = sum(s.count * 4 for s in zero._zero.shards)
+    got = zero.grad_bytes()
+    sizes = sorted(b.numel * 4 for b in zero.reducer.buckets)
+    shard = sum(g.numel() * 4 for g in zero.grad_shards())
     held = sizes if c.passes > 1 else sizes[-(REDUCE_IN_FLIGHT + 2):]
     bound = shard + sum(held) * (1.5 if c.comp != "none" else 1)
     if got["shard"] != shard or got["peak"] > bound or got["peak"] <= shard:

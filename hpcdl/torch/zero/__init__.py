@@ -1,8 +1,10 @@
 """hpcdl.torch.zero - sharded data parallelism (ZeRO, Rajbhandari et al. 2020):
-stages 1 and 2 inside DistributedOptimizer (`DistributedOptimizer(opt,
-zero_stage=1|2)`), stage 3 as a model wrapper (`hvd.shard_model(model)`).
+stages 1 and 2 as ZeroOptimizer on DistributedOptimizer's Reducer
+(`hvd.DistributedOptimizer(opt, zero_stage=1|2)` returns one), stage 3 as a
+model wrapper (`hvd.shard_model(model)`).
 What each stage keeps where: docs/zero.md."""
 from .sharding import Sharding
+from .optimizer import ZeroOptimizer
 from .stage3 import ShardedModel, shard_model, shards_of
 
 STAGES = (0, 1, 2)
@@ -23,4 +25,4 @@ def check_stage(stage):
                      "hvd.shard_model(model)" % (stage,))
 
 
-__all__ = ["Sharding", "ShardedModel", "check_stage", "shard_model", "shards_of", "STAGES"]
+__all__ = ["Sharding", "ZeroOptimizer", "ShardedModel", "check_stage", "shard_model", "shards_of", "STAGES"]

@@ -41,7 +41,7 @@ class _Layout:
 
     def __init__(self, sharding):
         self.comm = sharding.comm
-        names = sharding.opt._names
+        names = sharding.names
         self.units = [_BucketUnit(s, names) for s in sharding.shards]
 
     def named_pieces(self):
@@ -96,7 +96,7 @@ def _renumber(saved_groups, groups):
 
 
 def _sharding(opt):
-    z = getattr(opt, "_zero", None)
+    z = getattr(opt, "sharding", None)
     if z is None:
         raise ValueError("sharded checkpoints need DistributedOptimizer(zero_stage=1 or 2) "
                          "on more than one rank (got zero_stage=%s); save opt.state_dict() "

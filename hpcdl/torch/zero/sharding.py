@@ -1,4 +1,4 @@
-"""sharding.py - ZeRO stages 1 and 2 inside DistributedOptimizer's buckets.
+"""sharding.py - ZeRO stages 1 and 2 over a Reducer's buckets (ZeroOptimizer).
 
 Each fusion bucket is cut into one block per rank (layout.py). A rank keeps
 optimizer state only for the parameter pieces in its blocks: the wrapped
@@ -15,15 +15,16 @@ bucket's updated blocks are all-gathered back into the parameters in place.
               order, overlapped with backward like stage 0's all-reduce);
               the rank keeps only its block of the averaged gradient, the
               full bucket is freed once its reduce-scatter is done (checked
-              as later buckets are submitted; DistributedOptimizer waits for
-              the oldest beyond REDUCE_IN_FLIGHT), and the model's p.grad is
-              None after backward.
+              as later buckets are submitted; the Reducer waits for the
+              oldest beyond REDUCE_IN_FLIGHT), and the model's p.grad is None
+              after backward. ReduceScatterHook is the Reducer's comm hook.
 
 LARS and LARC take per-layer norms of a whole layer: a split layer's norms
 are summed over every rank's piece (norms.py) before the wrapped step.
 """
 import torch
 
+from ..reducer import pack
 from .layout import block_counts, pieces_of
 from . import norms, state
 
@@ -50,34 +51,52 @@ def _piece_view(p, piece):
     return flat.view(()) if p.dim() == 0 else flat
 
 
-class Sharding:
-    """The sharded side of a DistributedOptimizer (opt) at zero_stage 1 or 2."""
+class ReduceScatterHook:
+    """Stage 2's comm hook: each bucket (compressed) reduce-scattered with op;
+    this rank keeps its block of the result, the full buffer is freed."""
+    joinable = False      # the joined rank would not take part in the all-gather
+    carries_tail = False  # the tail would land in the last rank's block only
 
-    def __init__(self, opt, stage):
-        self.opt, self.stage = opt, stage
-        self.comm = opt._comm
-        self.inner = opt._opt          # the wrapped optimizer, whose groups we rebind
-        for b in opt._buckets:
+    def __init__(self, sharding, op, compression, predivide):
+        self.sharding, self.op = sharding, op
+        self.compression, self.predivide = compression, predivide
+
+    def start(self, b):
+        return self.sharding.start_reduce(b, pack(b, self.compression, self.predivide),
+                                          self.op)
+
+    def finish(self, b, result):
+        return self.sharding.finish_reduce(b, b.ctx, self.compression, self.predivide)
+
+
+class Sharding:
+    """The sharded side of a ZeroOptimizer: its Reducer's buckets split over
+    the ranks; inner is the wrapped optimizer, whose groups are rebound."""
+
+    def __init__(self, reducer, inner, stage):
+        self.reducer, self.stage = reducer, stage
+        self.comm, self.names = reducer.comm, reducer.names
+        self.inner = inner
+        for b in reducer.buckets:
             for p in b.params:
                 if p.device.type != "cpu":  # the core's reduce-scatter / all-gather
                     raise ValueError("zero_stage=%d needs CPU parameters for now (%s is on "
                                      "%s): hpcdl's reduce-scatter and all-gather take host "
                                      "buffers only; use zero_stage=0 on GPUs"
-                                     % (stage, opt._names[p], p.device))
+                                     % (stage, self.names[p], p.device))
                 if not p.is_contiguous():
                     raise ValueError("zero_stage=%d needs contiguous parameters; %s is not "
                                      "(call .contiguous() on it before building the "
-                                     "optimizer)" % (stage, opt._names[p]))
+                                     "optimizer)" % (stage, self.names[p]))
         # the parameters move into one flat buffer per bucket (bucket order), so
         # the all-gather after the step lands in them in place: no pack, no unpack
-        self.flats = [_flatten(b.params) for b in opt._buckets]
-        self.shards = [_BucketShard(b, self.comm.size, self.comm.rank) for b in opt._buckets]
+        self.flats = [_flatten(b.params) for b in reducer.buckets]
+        self.shards = [_BucketShard(b, self.comm.size, self.comm.rank) for b in reducer.buckets]
         for s in self.shards:
             if stage == 1:  # the all-reduced bucket holds the block already
                 s.grad = s.bucket.buffer[s.lo:s.lo + s.count]
             else:
                 s.grad = torch.zeros(s.count, dtype=s.dtype, device=s.device)
-        self.peak_full_bytes = 0  # stage 2: see grad_bytes()
         self.piece_of = {}  # piece tensor -> (model parameter, Piece)
         for s in self.shards:
             for c, t in zip(s.pieces, s.tensors):
@@ -99,59 +118,45 @@ class Sharding:
         return [t for s in self.shards for t in s.tensors]
 
     # ------------------------------------------------------------ stage 2
-    def allocate(self, b):
-        """Bucket b's full buffer for this step (from its first gradient
-        until its reduce-scatter is done)."""
-        b.allocate()
-        self._count_full_bytes()
-
-    def _count_full_bytes(self):
-        """Keeps the most bytes of full gradient buckets alive at once (being
-        filled, or in flight with their compressed copies): grad_bytes()'s peak."""
-        live = 0
-        for b in self.opt._buckets:
-            if b.buffer is not None:
-                live += b.buffer.numel() * b.buffer.element_size()
-            if b.sent is not None and b.sent is not b.buffer:  # fp16/bf16 copy in flight
-                live += b.sent.numel() * b.sent.element_size()
-        self.peak_full_bytes = max(self.peak_full_bytes, live)
-
     def grad_bytes(self):
         """Stage 2's gradient bytes on this rank: `shard` (its blocks, held
         between steps) and `peak` (the blocks plus the most full buckets that
-        were alive at once during a backward: DistributedOptimizer keeps at most
+        were alive at once during a backward: the Reducer keeps at most
         REDUCE_IN_FLIGHT in flight and one filling)."""
         shard = sum(s.grad.numel() * s.grad.element_size() for s in self.shards)
-        return {"shard": shard, "peak": shard + self.peak_full_bytes}
+        return {"shard": shard, "peak": shard + self.reducer.peak_bucket_bytes}
 
-    def start_reduce(self, b, sent):
+    def start_reduce(self, b, sent, op):
         """Queues bucket b's reduce-scatter of `sent` (the compressed buffer);
         the model's gradients of b are spent, so p.grad goes to None."""
         s = self.shards[b.index]
         s.recv = s.grad if sent.dtype == s.grad.dtype else torch.empty(
             s.count, dtype=sent.dtype, device=s.device)
-        h = self.comm.reduce_scatter_async(sent, s.recv, counts=s.counts, op=self.opt._op,
+        h = self.comm.reduce_scatter_async(sent, s.recv, counts=s.counts, op=op,
                                            name="bucket.%d" % b.index)
         for p in b.params:
             p.grad = None
-        self._count_full_bytes()
         return h
 
-    def finish_reduce(self, b, ctx, predivide):
-        """After the wait: the block into s.grad; the full bucket is freed."""
+    def finish_reduce(self, b, ctx, compression, predivide):
+        """After the wait: the block into s.grad (returned); the full bucket
+        is freed."""
         s = self.shards[b.index]
-        out = self.opt._compression.decompress(s.recv, ctx)
+        out = compression.decompress(s.recv, ctx)
         if out is not s.grad:
             s.grad.copy_(out)
         if predivide != 1.0:
             s.grad.mul_(predivide)
         s.recv = None
         b.release()
+        return s.grad
 
     # ------------------------------------------------------------ step
     def attach_grads(self):
         """After synchronize(): each piece's .grad is its slice of the block."""
         for s in self.shards:
+            if self.stage == 1:  # the bucket's buffer may have been rebuilt (stats' tail)
+                s.grad = s.bucket.buffer[s.lo:s.lo + s.count]
             for c, t in zip(s.pieces, s.tensors):
                 t.grad = s.grad[c.at:c.at + c.numel].view(t.shape)
 
@@ -185,11 +190,11 @@ class Sharding:
             for p in s.bucket.params:
                 if p.numel() and p.data_ptr() != at and err is None:
                     err = ("zero_stage=%d: on rank %d, parameter %s no longer lives in the buffer "
-                           "DistributedOptimizer put it in (its .data was replaced: "
+                           "the optimizer put it in (its .data was replaced: "
                            "model.to(), p.data = ...), so the "
                            "update would not reach it; move or load the model before building "
                            "the optimizer, or copy into p in place"
-                           % (self.stage, self.comm.rank, self.opt._names[p]))
+                           % (self.stage, self.comm.rank, self.names[p]))
                 at += p.numel() * flat.element_size()
         if self.comm.any_rank(err is not None):
             self.comm.raise_if_any(err)

@@ -55,6 +55,7 @@ import torch.nn as nn
 
 from . import norms
 from .layout import REDUCE_IN_FLIGHT, block_counts, pieces_of
+from ..reducer import retire_in_order
 
 
 # ---------------------------------------------------------------- one unit
@@ -306,12 +307,12 @@ class ShardedModel:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
             self.callback_queued = True
         self.pending.append((unit, handle, block))
-        while self.pending:
-            unit, handle, block = self.pending[0]
-            if len(self.pending) <= REDUCE_IN_FLIGHT and not handle.poll():
-                break
-            self.pending.pop(0)
-            self.reduced.append((unit, unit.wait_reduce(handle, block)))
+        retire_in_order(self.pending, lambda e: e[1].poll(), self._keep_reduced,
+                        REDUCE_IN_FLIGHT)
+
+    def _keep_reduced(self, entry):
+        unit, handle, block = entry
+        self.reduced.append((unit, unit.wait_reduce(handle, block)))
 
     def _backward_done(self):
         pending, self.pending = self.pending, []

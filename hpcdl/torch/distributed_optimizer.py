@@ -1,0 +1,39 @@
+"""distributed_optimizer.py - hvd.DistributedOptimizer, a function as in
+Horovod: it picks the optimizer class for the arguments (op=Adasum, the ZeRO
+stage) and returns it built. The classes: optimizer.py's
+DataParallelOptimizer, zero/optimizer.py's ZeroOptimizer,
+adasum_optimizer.py's DistributedAdasumOptimizer."""
+import warnings
+
+from . import zero
+from ._basics import Adasum
+from .adasum_optimizer import DistributedAdasumOptimizer
+from .optimizer import DataParallelOptimizer
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None,  # noqa: N802
+                         backward_passes_per_step=1, op="average", gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
+                         zero_stage=0):
+    """Wraps optimizer so that step() applies gradients averaged over the
+    ranks of process_set (all by default; on a rank outside it, its own).
+    Horovod's arguments; zero_stage=1|2 shards the optimizer state (and at 2
+    the gradients) over the ranks (docs/zero.md). Sparse gradients
+    (nn.Embedding(sparse=True)) travel dense in the buckets and are handed
+    back to the wrapped optimizer sparse, whether or not sparse_as_dense is
+    set (the same numbers as Horovod's all-gather of indices and values).
+    The returned optimizer's `reducer` takes a comm hook and statistics hooks
+    (reducer.py)."""
+    if num_groups and groups is None:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
+                      "removed in v0.23.0.", DeprecationWarning)
+        groups = int(num_groups)
+    options = dict(compression=compression, backward_passes_per_step=backward_passes_per_step,
+                   op=op, gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+                   sparse_as_dense=sparse_as_dense)
+    if op == Adasum:  # Horovod's delta optimizer
+        return DistributedAdasumOptimizer(optimizer, named_parameters, compression, process_set)
+    stage = zero.check_stage(zero_stage)
+    if stage:
+        return zero.ZeroOptimizer(optimizer, named_parameters, stage, process_set, **options)
+    return DataParallelOptimizer(optimizer, named_parameters, process_set, **options)
