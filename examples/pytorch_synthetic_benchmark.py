@@ -33,7 +33,8 @@ parser = argparse.ArgumentParser(description="PyTorch Synthetic Benchmark",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 parser.add_argument("--fp16-allreduce", action="store_true", default=False,
                     help="use fp16 compression during allreduce")
-parser.add_argument("--model", type=str, default="resnet18", choices=models.ALL_NAMES,
+parser.add_argument("--model", type=str, default="resnet18",
+                    choices=("mlp",) + models.IMAGE_NAMES,  # image models (cnn1d: sequences)
                     help="model to benchmark (from hpcdl.models)")
 parser.add_argument("--image-size", type=int, default=32,
                     help="synthetic images are 3 x S x S (Horovod: 224)")

@@ -80,7 +80,8 @@ def test_mlp_forward_shape(hidden):
     (dict(epochs=0), "--epochs is 0"),
     (dict(epochs=-3), "--epochs is -3"),
     (dict(global_batch=30), "global batch 30 does not divide evenly by 4 ranks"),
-    (dict(model="resnet"), "unknown model 'resnet'; use --model with one of: mlp, resnet18"),
+    (dict(model="resnet"), "unknown model 'resnet'; use --model with one of: mlp, cnn1d, "
+                           "resnet18"),
     (dict(data="mnist"), "--data mnist: no such directory (and not a built-in source)"),
     (dict(data="synthetic:3x32"), "write synthetic data as synthetic:CxHxW:CLASSES:SAMPLES"),
     (dict(data="synthetic:64:10:100", model="resnet18"), "resnet18 takes images"),

@@ -2,6 +2,7 @@
 shards with a manifest, summarise a shard directory, check it in full.
 
     hpcdl data shard digits --out shards/digits --shards 4 --val-fraction 0.2
+    hpcdl data shard mnist1d:200000 --out shards/mnist1d   # generated here, cached
     hpcdl run -n 4 -- hpcdl data shard data.npz --out shards/x   # collective writes
     hpcdl data inspect shards/digits
     hpcdl data verify shards/digits           # exit 1 naming the first bad file
@@ -32,7 +33,10 @@ def _register_shard(sub):
         "shard", help="write SOURCE as HDF5 shards plus manifest.json",
         description="Write SOURCE into --out as K HDF5 shard files per split and a "
                     "manifest.json (counts, shape, dtype, classes, checksums, format "
-                    "version). SOURCE: 'digits' (scikit-learn's built-in set), FILE.npz "
+                    "version). SOURCE: 'digits' (scikit-learn's built-in set), "
+                    "'mnist1d[:N]' (MNIST-1D generated here by its package, N samples, "
+                    "default 1,000,000, with its fixed test set as split val; cached in "
+                    "$HPCDL_CACHE or ~/.cache/hpcdl), FILE.npz "
                     "(arrays x, y; optional x_val, y_val, class_names), X.npy with "
                     "--labels Y.npy, a CIFAR-10 python batches folder, or an image folder "
                     "(CLASS/*.jpg|png, or train/CLASS and val/CLASS). Each split is shuffled "
@@ -43,7 +47,8 @@ def _register_shard(sub):
                "hpcdl data shard cifar-10-batches-py --out shards/cifar --shards 16; "
                "hpcdl run -n 4 -- hpcdl data shard x.npy --labels y.npy --out shards/x")
     add_launch_args(p)
-    p.add_argument("source", metavar="SOURCE", help="digits | FILE.npz | X.npy | DIR")
+    p.add_argument("source", metavar="SOURCE", help="digits | mnist1d[:N] | FILE.npz | X.npy "
+                                                    "| DIR")
     p.add_argument("--out", required=True, metavar="DIR", help="shard directory to write")
     p.add_argument("--shards", type=int, default=4, metavar="K",
                    help="shard files per split (default 4; fewer if a split is smaller)")

@@ -30,8 +30,9 @@ from .run import add_launch_args
 OPTIONS = (
     ("--model", "model", str, "model: " + ", ".join(TRAIN_MODELS)),
     ("--hidden", "hidden", "ints", "MLP hidden layer widths, comma-separated"),
-    ("--data", "data", str, "digits | synthetic:CxHxW:CLASSES:SAMPLES | a directory of "
-                            "HDF5 shards from `hpcdl data shard`"),
+    ("--data", "data", str, "digits | mnist1d[:N] (N generated samples, default 1M, "
+                            "cached; docs/data.md) | synthetic:CxHxW:CLASSES:SAMPLES | a "
+                            "directory of HDF5 shards from `hpcdl data shard`"),
     ("--workers", "workers", int, "DataLoader worker processes per rank (shard data)"),
     ("--stage-to", "stage_to", str, "copy the shards to node-local storage first "
                                     "(e.g. /dev/shm or $TMPDIR)"),
@@ -178,6 +179,7 @@ def run(args):
     n = default_ranks(args.n)  # no -n in an sbatch script: the allocation's tasks
     if n is not None and not inside_parallel_job():
         _check(cfg, n)  # fail once here, in one line per problem, rather than per rank
+        _prepare(cfg)
         cmd = [sys.executable, "-m", "hpcdl", "train"] + forwarded_args(args)
         # SIGTERM to this process reaches the ranks as SIGUSR1: the same clean stop
         # (checkpoint, exit 0), without mpirun ending the job under the checkpoint
@@ -194,6 +196,15 @@ def run(args):
             lines = ["[rank %d] %s" % (comm.rank(), line) for line in lines]
         raise UsageError("\n".join(lines))
     return 0
+
+
+def _prepare(cfg):
+    """Generated data (MNIST-1D) is made here, once, before the ranks start."""
+    from ..train.data import prepare
+    try:
+        prepare(cfg.data)
+    except ConfigError as e:
+        raise UsageError(str(e))
 
 
 def _check(cfg, size, on_rank=False):

@@ -15,6 +15,12 @@ def build_model(cfg, ds):
     if cfg.model == "mlp":  # images are flattened by the model itself
         return models.build("mlp", shape if len(shape) > 1 else shape[0], ds.num_classes,
                             hidden=cfg.hidden)
+    if cfg.model == "cnn1d":  # flat rows (B, L) read as one-channel sequences
+        if len(shape) != 1:
+            from .errors import ConfigError
+            raise ConfigError("--model cnn1d takes flat sequences, but --data %s has samples "
+                              "of shape %s; use --model mlp or a ResNet" % (cfg.data, shape))
+        return models.build("cnn1d", shape[0], ds.num_classes)
     if ds.image_shape is None:
         from .errors import ConfigError
         raise ConfigError("--model %s takes images, but --data %s has flat samples; use "

@@ -35,7 +35,7 @@ LR_SCALING = ("none", "linear", "sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("allreduce", "ps-bsp", "ps-asp", "ps-ssp")
 ZERO_STAGES = (0, 1, 2, 3)
-TRAIN_MODELS = ("mlp",) + models.IMAGE_NAMES
+TRAIN_MODELS = models.NAMES + models.IMAGE_NAMES
 
 
 @dataclass
