@@ -1,5 +1,5 @@
 """test_reducer.py - the Reducer's seams (hpcdl/torch/reducer.py): user comm
-hooks (sum, fp16 through a torch Future, an hvd int handle) and the
+hooks (sum, fp16 through a torch Future, an hvd int handle, adasum_hook) and the
 statistics hooks (before/after/end, a tail element riding the last bucket's
 all-reduce, at ZeRO 0 and 1), against one-process math on 2 and 3 ranks."""
 import os

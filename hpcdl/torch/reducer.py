@@ -32,6 +32,7 @@ torch DDP's): decides how one bucket's gradients meet.
     reduction. Example: sum instead of average,
         reducer.register_comm_hook(comm, lambda c, b: c.allreduce_async(
             b.buffer, op="sum", name="sum.%d" % b.index))
+reducer.adasum_hook is one: Adasum per parameter instead of the average.
 Built-in hooks are objects with start(bucket) -> handle and
 finish(bucket, result) -> the reduced tensor this rank keeps:
 AllReduceHook (the default: compression, gradient_predivide_factor, op) and
@@ -211,6 +212,17 @@ class FunctionHook:
                                  % (self.fn, result.numel(), b.index, b.size))
             b.buffer.copy_(result.reshape(-1))
         return b.buffer[:b.numel]
+
+
+def adasum_hook(on, bucket):
+    """A comm hook: each parameter's gradient in the bucket combined with
+    Adasum over on's ranks (adasum_ops.py, per tensor as Horovod's op=Adasum
+    on gradients), in place. `opt.reducer.register_comm_hook(opt.reducer.comm,
+    adasum_hook)`; hvd.DistributedOptimizer(op=hvd.Adasum) is the other
+    Adasum, Horovod's delta optimizer (adasum_optimizer.py)."""
+    from . import adasum_ops
+    return adasum_ops.start(list(bucket.views), True, "adasum.bucket.%d" % bucket.index,
+                            1.0, 1.0, on, grouped=True)
 
 
 def retire_in_order(pending, done, finish, keep):

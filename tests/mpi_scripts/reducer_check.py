@@ -5,7 +5,8 @@ process on a copy of the model.
 
   comm hooks   a user hook that sums instead of averaging (Communicator
                handle, in place), one that sends fp16 and returns a new tensor
-               (a torch Future), one through hvd.allreduce_async (int handle);
+               (a torch Future), one through hvd.allreduce_async (int handle),
+               reducer.adasum_hook (Adasum's formula on 2 ranks);
   stats hooks  before() sees each rank's own bucket, after() the average,
                end() once a step; extra=1 in the last bucket carries each
                rank's squared norm in the same all-reduce (its mean over ranks
@@ -51,13 +52,15 @@ def build(**kw):
 
 
 def check_grads(model, opt, combine, what, step=0, **tol):
-    """Backward, synchronize; each p.grad must be combine([rank grads])."""
+    """Backward, synchronize; each p.grad must be combine([rank grads])
+    (combine may be a dict: {name: the expected gradient})."""
     every = [grads_of(model, r, step) for r in range(N)]
     opt.zero_grad()
     loss_of(model, R, step).backward()
     opt.synchronize()
     for n, p in model.named_parameters():
-        close(p.grad, combine([g[n] for g in every]), "%s: grad of %s" % (what, n), **tol)
+        want = combine[n] if isinstance(combine, dict) else combine([g[n] for g in every])
+        close(p.grad, want, "%s: grad of %s" % (what, n), **tol)
     with opt.skip_synchronize():
         opt.step()
 
@@ -93,6 +96,25 @@ def hvd_handle_hook():
     opt.reducer.register_comm_hook(None, lambda _, b: hvd.allreduce_async(
         b.buffer, op=hvd.Average, name="hvd.bucket.%d" % b.index))
     check_grads(model, opt, lambda gs: sum(gs) / N, "hvd handle hook")
+
+
+def adasum(a, b):
+    """One-process Adasum of two gradients (comm/adasum.py's formula)."""
+    dot, aa, bb = (a * b).sum(), (a * a).sum(), (b * b).sum()
+    return (1 - dot / (2 * aa)) * a + (1 - dot / (2 * bb)) * b
+
+
+def adasum_comm_hook():
+    from hpcdl.torch.reducer import adasum_hook
+    model, opt = build(groups=2)
+    opt.reducer.register_comm_hook(opt.reducer.comm, adasum_hook)
+    if N == 2:
+        combine = lambda gs: adasum(gs[0].double(), gs[1].double()).float()  # noqa: E731
+    else:  # the tree over more ranks: against hvd.allreduce(op=Adasum) of each gradient
+        mine = grads_of(model, R, 0)
+        want = {n: hvd.allreduce(g, op=hvd.Adasum, name="want." + n) for n, g in mine.items()}
+        combine = want
+    check_grads(model, opt, combine, "adasum hook")
 
 
 def stats(zero_stage=0):
@@ -168,4 +190,5 @@ def refusals():
     opt.step()
 
 
-run(sum_hook, fp16_future_hook, hvd_handle_hook, stats, stats_zero1, refusals)
+run(sum_hook, fp16_future_hook, hvd_handle_hook, adasum_comm_hook, stats, stats_zero1,
+    refusals)
