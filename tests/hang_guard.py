@@ -3,17 +3,22 @@ counts seconds of full-speed time, so that it stretches while other programs
 share the cores and stays as short as written on a quiet machine.
 
 Every poll (a second) adds dt / slowdown to the clock, where slowdown is
-how much slower the guarded job runs now than it would alone:
+how much slower the guarded job (the process and everything below it:
+mpirun and every rank it started) runs now than it would alone. The kernel
+counts, per thread, the time it ran and the time it sat runnable waiting
+for a core (/proc/PID/task/TID/schedstat); over the last second, summed
+over the job's threads:
 
-    slowdown = max(1, L / cpus) / max(1, k / cpus)
+    slowdown = (ran + waited) / ran
 
-L = the machine's runnable tasks (/proc/stat procs_running, sampled now: the
-1-minute load average lags a load that starts mid-test), k = the runnable
-tasks of the guarded job (the process and everything below it: mpirun and
-every rank it started).
-The job's own ranks on oversubscribed cores do not stretch the clock, other
-programs do; the stretch is capped at MAX_SLOWDOWN, so a hang fails within
-MAX_SLOWDOWN x the timeout even on a saturated machine.
+Other programs on the cores make the job wait, and stretch the clock; a
+job alone on the machine never waits, and its clock runs at full speed.
+While the job hardly asks for a core (it sleeps: waits on something outside
+it, a Slurm job or a vcluster host, or hangs in a receive), the machine's
+runnable tasks per core (/proc/stat's procs_running) stand in. Busy-polling
+ranks count their polling as work, so the clock errs towards patience. The
+stretch is capped at MAX_SLOWDOWN, so a hang fails within MAX_SLOWDOWN x the
+timeout even on a saturated machine.
 
 Used three ways: tests/conftest.py makes every subprocess timeout of the
 pytest process count this way (Popen.communicate / wait, so subprocess.run
@@ -22,9 +27,9 @@ every rank on expiry; and src_c's Makefile runs each C test launch under it:
 
     python3 tests/hang_guard.py SECONDS command [args...]
 
-which exits with the command's status, or 124 after killing the command
-and everything it started (mpirun and all its ranks) when SECONDS of
-full-speed time pass.
+which exits with the command's status, or 124 after killing the command and
+everything it started (mpirun and all its ranks) when SECONDS of full-speed
+time pass.
 Standard library only: src_c's tests use it without the venv.
 """
 import os
@@ -89,29 +94,24 @@ def job_pids(root):
     return sorted(found)
 
 
-def _runnable_in(root):
-    """Runnable tasks (threads) of the job under root."""
-    k = 0
+def job_sched(root):
+    """{tid: (ns ran, ns waited for a core)} of every thread of root's job."""
+    out = {}
     for pid in job_pids(root):
         try:
             for tid in os.listdir("/proc/%d/task" % pid):
-                if _stat_fields("/proc/%d/task/%s/stat" % (pid, tid))[0] == "R":
-                    k += 1
-        except (OSError, IndexError):
-            pass
-    return k
+                with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
+                    ran, waited = f.read().split()[:2]
+                out[int(tid)] = (int(ran), int(waited))
+        except (OSError, ValueError):
+            pass  # gone meanwhile, or no schedstat in this kernel
+    return out
 
 
-def slowdown(root=None):
-    """How many times slower the job under pid root runs now than it would
-    alone on the machine (1 when nothing else runs), capped at MAX_SLOWDOWN."""
+def machine_slowdown():
+    """Runnable tasks per core, at least 1 (None without /proc/stat)."""
     total = _procs_running()
-    if total is None:  # no /proc: the 1-minute load average, job included
-        total, root = os.getloadavg()[0], None
-    n = cpus()
-    own = _runnable_in(root) if root else 0
-    s = max(1.0, total / n) / max(1.0, min(own, total) / n)
-    return min(MAX_SLOWDOWN, s)
+    return None if total is None else max(1.0, total / cpus())
 
 
 class Clock:
@@ -129,10 +129,25 @@ class Clock:
         self.timeout, self.root = timeout, root if root is not None else os.getpid()
         self.start = self.last = time.monotonic()
         self.used, self.worst = 0.0, 1.0
+        self.sched = job_sched(self.root)
+
+    def slowdown(self, dt):
+        """How many times slower than alone the job ran over the last dt s."""
+        sched = job_sched(self.root)
+        ran = waited = 0
+        for tid, (r, w) in sched.items():
+            r0, w0 = self.sched.get(tid, (0, 0))
+            ran, waited = ran + r - r0, waited + w - w0
+        self.sched = sched
+        if sched and (ran + waited) / 1e9 >= 0.1 * dt:  # the job asked for a core
+            s = (ran + waited) / ran if ran > 0 else MAX_SLOWDOWN
+        else:  # the job waits on something outside it (or no schedstat here)
+            s = machine_slowdown() or max(1.0, os.getloadavg()[0] / cpus())
+        return min(MAX_SLOWDOWN, max(1.0, s))
 
     def tick(self):
         now = time.monotonic()
-        s = slowdown(self.root)
+        s = self.slowdown(now - self.last)
         self.worst = max(self.worst, s)
         self.used += (now - self.last) / s
         self.last = now
