@@ -98,3 +98,41 @@ def test_collectives_match_single_process_math(n):
 def test_ddp_fsdp2_tensor_parallel_pipelining_match_one_process(n):
     out = _check(n, "torch_backend_models.py", timeout=180)
     assert out.count("max relative difference") == 10, out
+
+
+RAISES = """
+import torch.distributed as dist
+import hpcdl.torch
+dist.init_process_group("hpcdl")
+dist.barrier()
+if dist.get_rank() == 1:
+    raise KeyError("boom on rank 1")
+dist.barrier()
+"""
+
+
+@pytest.mark.mpi
+def test_uncaught_error_shows_its_traceback_and_ends_the_job():
+    # torch's excepthook buffers the previous hook's output; hpcdl's ends the
+    # job inside it, so without care the traceback was never printed
+    r = run_python(2, RAISES, check=False, env={"MASTER_ADDR": "", "MASTER_PORT": ""})
+    assert r.returncode != 0
+    assert "KeyError: 'boom on rank 1'" in r.stdout, r.stdout
+    assert "[rank 1] error: uncaught KeyError" in r.stdout, r.stdout
+
+
+WRONG_RANK = """
+import torch.distributed as dist
+import hpcdl.torch
+try:
+    dist.init_process_group("hpcdl", store=dist.HashStore(), rank=0, world_size=5)
+except ValueError as e:
+    print("refused:", e)
+"""
+
+
+@pytest.mark.mpi
+def test_rank_and_size_must_be_mpis():
+    r = run_python(1, WRONG_RANK)
+    assert "refused: init_process_group('hpcdl'): torch was given rank 0 of 5 but MPI says " \
+        "rank 0 of 1" in r.stdout, r.stdout

@@ -12,6 +12,8 @@ MASTER_ADDR/MASTER_PORT needed (_rendezvous.py says how). Also as
 Registering only records a creator with torch; MPI starts in the rendezvous
 or in the creator (hpcdl.comm.init()), when init_process_group is called.
 """
+import sys
+
 import torch.distributed as dist
 
 from . import _rendezvous
@@ -32,7 +34,29 @@ def _create(store, rank, world_size, timeout):
             "of %d; the hpcdl backend takes rank and size from MPI: drop rank=/world_size= "
             "(or RANK/WORLD_SIZE that do not match the launcher's)"
             % (rank, world_size, world.rank, world.size))
+    _keep_tracebacks()
     return ProcessGroupHpcdl(world, timeout)
+
+
+def _keep_tracebacks():
+    """init_process_group wraps sys.excepthook to prefix lines with the rank:
+    it runs the previous hook with sys.stderr pointed at a buffer and prints
+    the buffer afterwards. hpcdl's hook ends the job (MPI_Abort) before it
+    returns, so the traceback would stay in the buffer, never shown. The hook
+    torch wraps therefore writes to the real stderr."""
+    hook = sys.excepthook
+    if getattr(hook, "hpcdl_real_stderr", False):
+        return
+
+    def real_stderr_hook(*args):
+        captured, sys.stderr = sys.stderr, sys.__stderr__
+        try:
+            hook(*args)
+        finally:
+            sys.stderr = captured
+
+    real_stderr_hook.hpcdl_real_stderr = True
+    sys.excepthook = real_stderr_hook
 
 
 def register():
