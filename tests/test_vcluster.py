@@ -239,6 +239,32 @@ def test_lost_host_ends_the_job_everywhere(vc, tmp_path, how):
 
 
 @pytest.mark.mpi
+def test_rank_on_another_host_leaving_early_ends_the_job(vc):
+    """Issue 32 item 2 across hosts: rank 1, on node2, returns from its script
+    while rank 0 on node1 waits in an all-reduce it never ran: the job ends
+    at the next heartbeat, naming rank 1 (it hung for the 600 s shutdown time)."""
+    r = hrun("2x1", [PY, os.path.join(SCRIPTS, "exit_check.py"), "early", "1"], timeout=120,
+             check=False)
+    assert r.returncode != 0 and said(r.stdout, "NOT REACHED") == 0, r.stdout
+    assert re.search(r"rank 1 finished .* rank 1 is missing [^;]*grad\.skipped", r.stdout), \
+        r.stdout
+
+
+@pytest.mark.mpi
+def test_torchrun_script_meets_at_the_first_host(vc, tmp_path):
+    """Issue 32 item 5 across hosts: hpcdl run sets MASTER_ADDR to the first
+    host listed (rank 0's) and a free MASTER_PORT for gloo's env:// rendezvous."""
+    code = ("import torch, torch.distributed as dist, os; dist.init_process_group('gloo'); "
+            "x = torch.ones(2) * (dist.get_rank() + 1); dist.all_reduce(x); "
+            "print('GLOO', dist.get_rank(), x.tolist(), os.environ['MASTER_ADDR'])")
+    r = vexec("node1", HPCDL + ["run", "-H", "node1:1,node2:1", PY, "-c", code],
+              timeout=120, check=True)
+    assert not wait_no_leftovers(), "processes left on the hosts: %s" % leftovers()
+    rows = sorted(l.split(None, 1)[1] for l in r.stdout.splitlines() if l.startswith("GLOO"))
+    assert rows == ["0 [3.0, 3.0] node1", "1 [3.0, 3.0] node1"], r.stdout
+
+
+@pytest.mark.mpi
 def test_bench_header_names_hosts_link_and_shared_cores(vc):
     # the hosts are namespaces of one machine: its cores, not a sum over hosts
     r = vexec("node1", HPCDL + ["bench", "allreduce", "-n", "2", "-H", "node1:1,node2:1",
