@@ -14,31 +14,27 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "mpi_scripts")
 TOL = {"none": 2e-5, "topk": 2e-5, "fp16": 5e-3, "bf16": 3e-2}
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("opt", ["sgd", "adam"])
-@pytest.mark.parametrize("passes", [1, 2])
-def test_exact_against_one_process(n, opt, passes):
-    r = run_python(n, os.path.join(SCRIPTS, "torch_optimizer_exact.py"),
-                   args=[opt, str(passes), "none", str(TOL["none"])])
-    assert r.stdout.count("EXACT") == n, r.stdout
+def case(opt, passes, comp="none", fusion=None):
+    return ":".join([opt, str(passes), comp, str(TOL[comp])] + ([str(fusion)] if fusion else []))
+
+
+# one launch per rank count runs every case (`quick`: in make check too)
+CASES = {2: [case(o, p) for o in ("sgd", "adam") for p in (1, 2)]
+         + [case("sgd", 1, c) for c in ("fp16", "bf16", "topk")]
+         + [case("sgd", 1, fusion=1024)],  # 1 KiB buckets: one parameter each, in order
+         4: [case(o, p) for o in ("sgd", "adam") for p in (1, 2)]}
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("comp", ["fp16", "bf16", "topk"])
-def test_compression_within_tolerance(comp):
-    r = run_python(2, os.path.join(SCRIPTS, "torch_optimizer_exact.py"),
-                   args=["sgd", "1", comp, str(TOL[comp])])
-    assert r.stdout.count("EXACT") == 2, r.stdout
-
-
-@pytest.mark.mpi
-def test_small_fusion_threshold_many_buckets():
-    # 1 KiB buckets: every parameter in its own bucket, submitted in order
-    r = run_python(2, os.path.join(SCRIPTS, "torch_optimizer_exact.py"),
-                   args=["sgd", "1", "none", str(TOL["none"])],
-                   env={"HPCDL_FUSION_THRESHOLD": "1024"})
-    assert r.stdout.count("EXACT") == 2, r.stdout
+@pytest.mark.parametrize("n", [pytest.param(2, marks=pytest.mark.quick), 4])
+def test_exact_against_one_process(n):
+    # SGD with momentum and Adam, 1 and 2 backward passes per step; on 2 ranks
+    # also every compression within its tolerance and many small buckets
+    r = run_python(n, os.path.join(SCRIPTS, "torch_optimizer_exact.py"), args=CASES[n],
+                   timeout=120)
+    for c in CASES[n]:
+        assert r.stdout.count("EXACT %s " % c) == n, r.stdout
+    assert r.returncode == 0, r.stdout
 
 
 @pytest.mark.mpi
