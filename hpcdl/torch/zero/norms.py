@@ -18,7 +18,7 @@ def layer_norm_users(optimizer):
     while o is not None:
         if hasattr(o, "layer_norms"):
             found.append(o)
-        o = getattr(o, "_opt", None)
+        o = getattr(o, "optimizer", None)  # OptimizerWrapper's wrapped optimizer
     return found
 
 
