@@ -272,7 +272,7 @@ class Reducer:
                                     backward, waiting beyond that many in flight
     """
 
-    def __init__(self, params, names, on, compression=None, op="average", predivide=1.0,
+    def __init__(self, params, names, on, *, compression=None, op="average", predivide=1.0,
                  passes_per_step=1, groups=None, shared=False, lazy=False, join=False,
                  keep_in_flight=None):
         self.comm, self.names, self.op = on, names, op
