@@ -56,7 +56,7 @@ from .stragglers import slowdown
 
 TERMS = ("buckets", "shared", "compression", "stragglers", "overheads", "timeshare", "cpu",
          "allreduce")
-FIRST_BUCKET_BYTES = 1 << 20     # as hpcdl.torch.optimizer
+FIRST_BUCKET_BYTES = 1 << 20     # as hpcdl.torch.reducer
 FUSION_BYTES = 25 << 20          # HPCDL_FUSION_THRESHOLD's default
 
 
@@ -133,7 +133,7 @@ def synthetic_layers(nbytes, backward_s, count=50):
 
 
 def plan_buckets(layers, fusion_bytes, first_bytes):
-    """[(bytes, index of the bucket's last layer)], like hpcdl.torch.optimizer:
+    """[(bytes, index of the bucket's last layer)], like hpcdl.torch.reducer:
     a first bucket of up to first_bytes, then up to fusion_bytes each; a
     layer larger than the limit is a bucket of its own; fusion 0 = per layer."""
     plan, cur, limit = [], 0.0, first_bytes
