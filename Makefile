@@ -163,19 +163,22 @@ test: setup-base
 	    echo "… building parallel h5py in the background while the C tests run (log: $(H5PY_MPI_LOG))"; \
 	    nice -n 10 $(MAKE) --no-print-directory h5py-mpi > $(H5PY_MPI_LOG) 2>&1 & h5py=$$!; \
 	  fi; \
-	  $(MAKE) --no-print-directory test-c; tests=$$?; \
+	  t0=$$(date +%s); $(MAKE) --no-print-directory test-c; tests=$$?; \
+	  echo "… C tests: $$(( $$(date +%s) - t0 )) s (load $$(cut -d' ' -f1-3 /proc/loadavg))"; \
 	  if [ -n "$$h5py" ]; then \
 	    wait $$h5py; built=$$?; grep -a '^[✓✗]' $(H5PY_MPI_LOG); \
 	    [ $$built = 0 ] || { tail -30 $(H5PY_MPI_LOG); exit 1; }; \
 	  fi; \
 	  [ $$tests = 0 ] || exit $$tests; \
-	  $(MAKE) --no-print-directory test-py; tests=$$?; \
+	  t0=$$(date +%s); $(MAKE) --no-print-directory test-py; tests=$$?; \
+	  echo "… pytest: $$(( $$(date +%s) - t0 )) s (load $$(cut -d' ' -f1-3 /proc/loadavg))"; \
 	  if [ $$mpich = 1 ]; then \
 	    start=$$(date +%s); wait $$mpich_setup; built=$$?; grep -a '^[✓✗]' $(MPICH_SETUP_LOG); \
 	    [ $$built = 0 ] || { tail -30 $(MPICH_SETUP_LOG); exit 1; }; \
 	    echo "… MPICH set-up done (waited $$(( $$(date +%s) - start )) s for it after pytest)"; \
 	    [ $$tests = 0 ] || exit $$tests; \
-	    $(MAKE) --no-print-directory test-mpich-only || exit 1; \
+	    t0=$$(date +%s); $(MAKE) --no-print-directory test-mpich-only || exit 1; \
+	    echo "… MPICH stage: $$(( $$(date +%s) - t0 )) s (load $$(cut -d' ' -f1-3 /proc/loadavg))"; \
 	  fi; \
 	  exit $$tests
 

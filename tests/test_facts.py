@@ -180,6 +180,7 @@ def test_smaller_facts_of_the_table():
 INTERNAL = {
     "HPCDL_ELASTIC_ATTEMPT": "set by the elastic driver for the ranks of each attempt",
     "HPCDL_SMALL_FLAT": "small.c's switch for its flat-exchange variant (benchmarks)",
+    "HPCDL_CAUSES": "set by hpcdl run / hpcdl train for their ranks (utils/causes.py)",
 }
 
 
