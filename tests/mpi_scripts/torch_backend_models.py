@@ -5,7 +5,8 @@ flight during backward), with register_comm_hook (torch's allreduce_hook,
 and a hook of our own chaining the future), gradient accumulation with
 no_sync(), find_unused_parameters; FSDP2 fully_shard with reshard after
 forward on and off; DTensor tensor parallelism (ColwiseParallel /
-RowwiseParallel on the MLP); torch.distributed.pipelining (ScheduleGPipe and
+RowwiseParallel on the MLP); a 2-D DeviceMesh (FSDP2 x tensor parallel,
+even rank counts); torch.distributed.pipelining (ScheduleGPipe and
 Schedule1F1B, one stage per rank, over the backend's send/recv). Prints
 'CHECKS n FAILED k'."""
 import os
@@ -170,6 +171,27 @@ def tensor_parallel():
     compare("tensor parallel colwise/rowwise", model, reference(1))
 
 
+def two_d():
+    """A 2 x N/2 DeviceMesh (sub-groups from new_group): tensor parallel inside
+    each row ("tp"), FSDP2 across the rows ("dp"); each row takes half the batch."""
+    if N % 2:
+        return
+    mesh = init_device_mesh("cpu", (2, N // 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = MLP()
+    parallelize_module(model, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    row, half = mesh.get_local_rank("dp"), N * B_LOCAL // 2
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(step)
+        rows = slice(row * half, (row + 1) * half)
+        torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+        opt.step()
+    compare("2-D mesh: FSDP2 x tensor parallel", model, reference(1))
+
+
 def stages():
     """One block per rank: Linear + tanh, the last one Linear to D_OUT."""
     torch.manual_seed(0)
@@ -211,5 +233,5 @@ def pipelining():
 
 
 if __name__ == "__main__":
-    run(plain, hooks, accumulate, unused, fsdp2, tensor_parallel, pipelining,
+    run(plain, hooks, accumulate, unused, fsdp2, tensor_parallel, two_d, pipelining,
         dist.destroy_process_group)

@@ -287,6 +287,8 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
             return None
         group = ProcessGroupHpcdl(child, timeout)
         group._owns_comm = True
+        group.setGroupName(group_name or "")  # torch registers it under this name
+        group.setGroupDesc(group_desc or "")
         return group
 
     def shutdown(self):
