@@ -194,31 +194,40 @@ _real_wait = subprocess.Popen.wait
 _inside = threading.local()  # communicate() calls wait() itself: one clock at a time
 
 
-def _guarded(real, name):
-    def method(self, *args, timeout=None, **kwargs):
-        if timeout is None or getattr(_inside, "on", False):
-            return real(self, *args, timeout=timeout, **kwargs)
-        clock = Clock(timeout, self.pid)
-        _inside.on = True
-        try:
-            while True:
-                try:
-                    return real(self, *args, timeout=max(0.01, min(POLL, clock.left())), **kwargs)
-                except subprocess.TimeoutExpired as e:
-                    clock.tick()
-                    if clock.left() <= 0:
-                        raise HangTimeout(self.args, clock, e.output, e.stderr) from None
-                    if name == "communicate":
-                        args, kwargs = (), {k: v for k, v in kwargs.items() if k != "input"}
-        finally:
-            _inside.on = False
-    method.__name__ = name
-    method.__doc__ = real.__doc__
-    return method
+def _with_clock(proc, timeout, call):
+    """call(seconds) until it returns, each try at most POLL s of the clock's;
+    HangTimeout once timeout full-speed seconds have passed."""
+    clock = Clock(timeout, proc.pid)
+    _inside.on = True
+    try:
+        while True:
+            try:
+                return call(max(0.01, min(POLL, clock.left())))
+            except subprocess.TimeoutExpired as e:
+                clock.tick()
+                if clock.left() <= 0:
+                    raise HangTimeout(proc.args, clock, e.output, e.stderr) from None
+    finally:
+        _inside.on = False
 
 
-communicate = _guarded(_real_communicate, "communicate")  # communicate(proc, timeout=...)
-wait = _guarded(_real_wait, "wait")
+def communicate(proc, input=None, timeout=None):
+    """Popen.communicate with a timeout of full-speed seconds."""
+    if timeout is None or getattr(_inside, "on", False):
+        return _real_communicate(proc, input, timeout)
+    first = [input]  # the input goes with the first try; the later ones resume
+
+    def call(seconds):
+        data, first[0] = first[0], None
+        return _real_communicate(proc, data, seconds)
+    return _with_clock(proc, timeout, call)
+
+
+def wait(proc, timeout=None):
+    """Popen.wait with a timeout of full-speed seconds."""
+    if timeout is None or getattr(_inside, "on", False):
+        return _real_wait(proc, timeout)
+    return _with_clock(proc, timeout, lambda seconds: _real_wait(proc, seconds))
 
 
 def install():
