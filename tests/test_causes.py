@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from hpcdl.utils import causes
+from mpi_harness import mpi_env
 
 HPCDL = [sys.executable, "-m", "hpcdl"]
 MISMATCH = ("import torch, hpcdl.torch as hvd\n"
@@ -24,13 +25,14 @@ def test_sieve_one_line_per_cause():
     s = causes.Sieve(out)
     rec = lambda r, msg: "%s %s\n" % (causes.MARK, json.dumps(
         {"rank": r, "type": "DataError", "message": msg}))
-    for line in ["epoch 1 loss 0.5\n", "%s 1 Traceback (most recent call last):\n" % causes.TB_MARK,
+    for line in ["epoch 1 loss 0.5\n", "-" * 74 + "\n", "MPI_ABORT was invoked on rank 0\n",
+                 "-" * 74 + "\n", "%s 1 Traceback (most recent call last):\n" % causes.TB_MARK,
                  rec(1, "[rank 1] shard a.h5 rows 3-4: bad"), rec(2, "[rank 2] shard a.h5 rows 3-4: bad"),
                  rec(0, "other"), "-" * 74 + "\n", "MPI_ABORT was invoked on rank 1\n",
                  "-" * 74 + "\n", "[vm:1] 2 more processes have sent help message x\n",
                  "a user's warning\n"]:
         s.feed(line)
-    s._log.close()
+    s.run(io.BytesIO(b""))  # the end: held banners go to the log
     assert out.getvalue() == "epoch 1 loss 0.5\na user's warning\n"
     assert s.summary()[:2] == ["DataError on ranks 1-2: shard a.h5 rows 3-4: bad",
                                "DataError on rank 0: other"]
@@ -46,7 +48,7 @@ def test_a_mismatch_is_one_line(tmp_path, tracebacks):
     script.write_text(MISMATCH)
     flags = ["--tracebacks"] if tracebacks else []
     r = subprocess.run(HPCDL + ["run", "-np", "2"] + flags + ["python", str(script)],
-                       capture_output=True, text=True, timeout=180)
+                       capture_output=True, text=True, timeout=180, env=mpi_env())
     assert r.returncode != 0
     if tracebacks:  # everything, as before
         assert "Traceback" in r.stderr and "MPI_ABORT" in r.stderr, r.stderr

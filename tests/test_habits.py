@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from hpcdl.cli.main import build_parser
+from mpi_harness import mpi_env
 
 HPCDL = [sys.executable, "-m", "hpcdl"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,8 +32,8 @@ dist.destroy_process_group()
 
 
 def hpcdl(*args, timeout=180, env=None):
-    e = dict(os.environ, **(env or {}))
-    for var in ("MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+    e = mpi_env(env)  # not inside the test's own job
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
         e.pop(var, None)
     return subprocess.run(HPCDL + list(args), capture_output=True, text=True,
                           timeout=timeout, env=e, cwd=REPO)

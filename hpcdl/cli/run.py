@@ -25,7 +25,7 @@ from ..utils.launch import (MPI_ENV_VARS, allocation_tasks,  # noqa: F401 (re-ex
 from ..utils.mpi_info import core_launcher, launcher_flavour, launcher_mismatch
 from ..utils.rankenv import torchrun_env
 from ..vcluster.agent import launch_hosts_problem, ranks_by_host
-from . import elastic_run
+from . import elastic_run, interrupt
 from .main import UsageError, print_errors
 
 
@@ -201,6 +201,8 @@ def failure(cmd, rc):
         return ("%s exited with status %d: it could not be started (%s on the ranks), or a "
                 "command it ran could not" % (cmd[0], rc, "not found on PATH" if rc == 127
                                                else "not executable"))
+    if rc == 130:
+        return "%s was interrupted (Ctrl-C)" % what
     if rc == 134:
         return ("%s exited with status 134: mpirun could not start the ranks (see its "
                 "message above), or a rank aborted (SIGABRT)" % what)
@@ -313,8 +315,9 @@ def _allocation_ranks(n):
 # Signals a batch system or a user sends to this process (kill PID, scancel
 # --signal, a job's time limit) go on to the launcher, which hands them to the
 # ranks: mpirun and srun forward SIGUSR1/2 to them, while on SIGTERM Open MPI's
-# mpirun ends the job (SIGTERM to the ranks, SIGKILL 1 s later). SIGINT is
-# left alone: Ctrl-C reaches the launcher itself, in the terminal's process group.
+# mpirun ends the job (SIGTERM to the ranks, SIGKILL 1 s later). The launcher
+# runs in a process group of its own: Ctrl-C (SIGINT) reaches hpcdl alone,
+# which passes it on as interrupt.py says.
 FORWARDED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
 
 
@@ -325,13 +328,17 @@ def _run(line, env=None, term_as=None, sieve=None):
     a causes.Sieve that reads the launcher's stderr."""
     try:
         proc = subprocess.Popen(line, env=env,
-                                stderr=subprocess.PIPE if sieve is not None else None)
+                                stderr=subprocess.PIPE if sieve is not None else None,
+                                **interrupt.popen_options())
     except FileNotFoundError:
         raise UsageError("%s could not be started: not found" % line[0])
     reader = None
     if sieve is not None:
         reader = threading.Thread(target=sieve.run, args=(proc.stderr,), daemon=True)
         reader.start()
+    leftovers = interrupt.Leftovers(proc)
+    ctrl_c = interrupt.Interrupts(proc, term_as or signal.SIGINT, "hpcdl")
+    before_int = signal.signal(signal.SIGINT, ctrl_c)
 
     def forward(signum, frame):
         if signum == signal.SIGTERM and term_as is not None:
@@ -343,14 +350,20 @@ def _run(line, env=None, term_as=None, sieve=None):
     sigs = [getattr(signal, n) for n in FORWARDED if hasattr(signal, n)]
     before = {s: signal.signal(s, forward) for s in sigs}
     try:
-        return proc.wait()
-    except KeyboardInterrupt:  # Ctrl-C: the launcher got it too; let it end the ranks
-        return proc.wait()
+        rc = proc.wait()
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+        signal.signal(signal.SIGINT, before_int)
         if reader is not None:
             reader.join(timeout=10)  # the rest of the launcher's stderr
+    removed = leftovers.remove()
+    if ctrl_c.count:
+        print("hpcdl: interrupted by Ctrl-C; the job ended with status %d%s" % (
+            rc, ", %d shared-memory segment(s) it left in /dev/shm removed" % removed
+            if removed else ""), file=sys.stderr, flush=True)
+        return rc if rc == 0 and term_as is not None else 130
+    return rc
 
 
 def add_launch_args(parser, ranks_help=None):

@@ -53,6 +53,10 @@ NOISE = re.compile(r"ORTE_ERROR_LOG|more process(es)? ha(s|ve) sent help message
                    r"orte_base_help_aggregate|uncaught \w+; ending the job|"
                    r"application called MPI_Abort|BAD TERMINATION|^\s*=+\s*$")
 DASHES = re.compile(r"^-{20,}\s*$")
+# banners of a job ending: held until the end when no cause is known yet (the
+# launcher's own messages may overtake the ranks' forwarded stderr)
+ENDING = re.compile(r"MPI_ABORT was invoked|Primary job +terminated|noticed that process "
+                    r"rank|has exited due to process rank|exited on signal")
 
 
 class Sieve:
@@ -66,6 +70,7 @@ class Sieve:
         self.path = None
         self._log = None
         self._block = None  # lines of an open ------ banner
+        self._held = []     # ending noise seen before any cause: decided at the end
 
     def log(self, line):
         if self._log is None:
@@ -93,16 +98,22 @@ class Sieve:
         if DASHES.match(line):
             self._block = [line]
             return
-        if self.causes and NOISE.search(line):
-            self.log(line)
+        if NOISE.search(line):
+            self._noise([line])
         else:
             self._show(line)
 
+    def _noise(self, lines):
+        if self.causes:
+            for line in lines:
+                self.log(line)
+        else:
+            self._held += lines
+
     def _end_block(self):
         block, self._block = self._block, None
-        if self.causes:
-            for line in block:
-                self.log(line)
+        if self.causes or ENDING.search("".join(block)):
+            self._noise(block)
         else:
             self._show("".join(block))
 
@@ -128,6 +139,9 @@ class Sieve:
             self.feed(raw.decode("utf-8", "replace"))
         if self._block is not None:
             self._end_block()
+        held, self._held = self._held, []
+        if held:
+            self._noise(held) if self.causes else self._show("".join(held))
         if self._log is not None:
             self._log.close()
 

@@ -1,0 +1,150 @@
+"""interrupt.py - Ctrl-C and leftovers for the commands that start ranks
+(`hpcdl run`, `hpcdl train -n`, ...).
+
+The launcher (mpirun, mpiexec, srun) runs in a process group of its own, so
+the terminal's Ctrl-C reaches hpcdl alone, which decides what it means: the
+first is passed on as the command's stop signal (hpcdl train: SIGUSR1, a
+clean stop at the next step boundary with a checkpoint when --checkpoint-dir
+is set; hpcdl run: SIGINT, which ends the job), the second ends the job
+(SIGTERM to the launcher), a third kills the launcher and its ranks. The
+launcher dies with hpcdl (PR_SET_PDEATHSIG), as it did when it shared
+hpcdl's process group. After the job, Open MPI's shared-memory segments of
+this job (/dev/shm/vader_segment.*, 4 MiB a rank) that ranks killed before
+MPI_Finalize left behind are removed.
+"""
+import ctypes
+import glob
+import os
+import re
+import signal
+import sys
+import threading
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    """preexec_fn of the launcher: its own process group, SIGTERM when hpcdl dies."""
+    os.setpgid(0, 0)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    except (OSError, AttributeError):  # not Linux: the process group alone
+        pass
+
+
+def popen_options():
+    """Popen keyword arguments for the launcher."""
+    return {"preexec_fn": _die_with_parent} if sys.platform.startswith("linux") else \
+        {"start_new_session": True}
+
+
+def _children(pid):
+    """Process ids whose parent is pid (the launcher's local ranks)."""
+    out = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = open(stat).read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == str(pid):
+            out.append(int(stat.split("/")[2]))
+    return out
+
+
+class Interrupts:
+    """SIGINT handler while the launcher runs; count: Ctrl-Cs received."""
+
+    def __init__(self, proc, first_as, who):
+        self.proc, self.first_as, self.who, self.count = proc, first_as, who, 0
+
+    def _say(self, text):
+        os.write(2, ("\n%s: %s\n" % (self.who, text)).encode())
+
+    def __call__(self, signum, frame):
+        self.count += 1
+        try:
+            if self.count == 1:
+                clean = self.first_as != signal.SIGINT
+                self._say("interrupted (Ctrl-C): %s; Ctrl-C again ends the job at once" % (
+                    "the ranks stop after the current step, with a checkpoint when "
+                    "--checkpoint-dir is set" if clean else "ending the job"))
+                self.proc.send_signal(self.first_as)
+            elif self.count == 2:
+                self._say("Ctrl-C again: ending the job (SIGTERM to the launcher); once "
+                          "more kills it")
+                self.proc.send_signal(signal.SIGTERM)
+            else:
+                for pid in _children(self.proc.pid) + [self.proc.pid]:
+                    os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ------------------------------------------------- Open MPI's /dev/shm leftovers
+def _session_jobfam(pid):
+    """The job family of the mpirun with this pid, from its session directory
+    (<tmp>/ompi.<host>.<uid>/pid.<pid>/contact.txt: '<jobid>.0;tcp://...'), or None."""
+    bases = {os.environ.get("TMPDIR") or "/tmp", "/tmp"}
+    for base in bases:
+        for path in glob.glob(os.path.join(base, "ompi.*.%d" % os.getuid(), "pid.%d" % pid,
+                                           "contact.txt")):
+            try:
+                head = open(path).read().split(".", 1)[0]
+            except OSError:
+                continue
+            if head.isdigit():
+                return int(head) >> 16
+    return None
+
+
+class Leftovers:
+    """Learns the job family of an Open MPI launcher while it runs (its
+    session directory goes with it), then removes that job's segments."""
+
+    def __init__(self, proc):
+        self.proc, self.jobfam = proc, None
+        self._thread = threading.Thread(target=self._learn, daemon=True)
+        self._thread.start()
+
+    def _learn(self):
+        stop = threading.Event()
+        while self.jobfam is None and self.proc.poll() is None:
+            self.jobfam = _session_jobfam(self.proc.pid)
+            stop.wait(0.2)
+
+    def remove(self):
+        """Removes this job's segments on this host; returns how many."""
+        self._thread.join(timeout=1)
+        if self.jobfam is None:
+            return 0
+        pattern = re.compile(r"^vader_segment\..+\.%d\.([0-9a-f]+)\.\d+$" % os.getuid())
+        names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+        ours = [n for n in names if pattern.match(n)
+                and int(pattern.match(n).group(1), 16) >> 16 == self.jobfam]
+        busy = _mapped("/dev/shm/") if ours else set()  # the job family is a 16-bit hash
+        removed = 0
+        for name in ours:
+            path = os.path.join("/dev/shm", name)
+            if path in busy:
+                continue
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                pass
+        return removed
+
+
+def _mapped(prefix):
+    """Paths under prefix that some process has mapped now."""
+    out = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                for line in f:
+                    i = line.find(prefix)
+                    if i >= 0:
+                        out.add(line[i:].split(" (deleted)")[0].strip())
+        except OSError:
+            continue
+    return out
