@@ -26,6 +26,9 @@ from ..utils.rankenv import torchrun_env
 from .main import UsageError
 from .run import add_launch_args
 
+# other spellings of a flag: --lr is the learning rate people type (issue 32)
+ALIASES = {"--base-lr": ("--lr",)}
+
 # flag, TrainConfig field, parser, help (defaults come from TrainConfig)
 OPTIONS = (
     ("--model", "model", str, "model: " + ", ".join(TRAIN_MODELS)),
@@ -136,7 +139,8 @@ def register(sub):
         default = getattr(TrainConfig, name)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         extra = dict(nargs="?", const=True) if kind == "bool" else {}
-        p.add_argument(flag, dest=name, type=_ints(INT_EXAMPLES[name]) if kind == "ints"
+        p.add_argument(flag, *ALIASES.get(flag, ()), dest=name,
+                       type=_ints(INT_EXAMPLES[name]) if kind == "ints"
                        else _bool if kind == "bool" else kind,
                        default=argparse.SUPPRESS, help="%s (default: %s)" % (text, shown),
                        **extra)
