@@ -156,7 +156,10 @@ class Clock:
         return self.timeout - self.used
 
     def expired(self):
-        self.tick()
+        """True once the timeout is spent; samples the machine at most every POLL s,
+        so a loop may call it often."""
+        if time.monotonic() - self.last >= POLL:
+            self.tick()
         return self.left() <= 0
 
     def wall(self):
