@@ -214,8 +214,18 @@ def errors():
         check(False, "mismatched all_reduce did not raise")
     except MismatchError as e:
         check("count" in str(e), "mismatch message names the count: %s" % e)
+    # one rank's own check fails (output too small): it raises its ValueError, the
+    # others MismatchError instead of waiting for it
+    out = torch.empty(N * 3 - (1 if R == N - 1 else 0))
+    try:
+        dist.all_gather_into_tensor(out, torch.ones(3))
+        check(False, "all_gather_into_tensor with a wrong output did not raise")
+    except ValueError as e:
+        check(R == N - 1 and "output has" in str(e), "rank %d raised ValueError: %s" % (R, e))
+    except MismatchError as e:
+        check(R != N - 1 and "rank %d" % (N - 1) in str(e), "rank %d: %s" % (R, e))
     t = data(R, (5,), torch.float32)
-    dist.all_reduce(t)  # the group goes on after the refused call
+    dist.all_reduce(t)  # the group goes on after the refused calls
     close(t, sum(data(r, (5,), torch.float32) for r in range(N)), "all_reduce after mismatch")
     try:
         dist.recv(torch.ones(1))

@@ -22,6 +22,8 @@ Where each call runs:
 Sub-groups: torch's new_group() delegates to new_group() here, which splits
 the Communicator (collective over every rank, like new_group itself).
 """
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -72,6 +74,18 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
         pending.append(work)
         return work
 
+    @contextlib.contextmanager
+    def _refusing(self, kind):
+        """This rank's checks of a call, before anything is queued: when they
+        fail, the other ranks are told through the agreement check (they raise
+        MismatchError instead of waiting for this rank) and this rank raises
+        its own error. kind: the Communicator call the others are making."""
+        try:
+            yield
+        except (TypeError, ValueError):
+            _tell_others(self._comm, kind)
+            raise
+
     def _drain(self):
         """Waits for this group's queued engine work (before a caller-thread call)."""
         pending, self._pending = self._pending, []
@@ -81,22 +95,22 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
 
     # ----------------------------------------------------------- all-reduce
     def allreduce(self, tensors, opts=None):
-        op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
-        handles, thens = [], []
-        for t in tensors:
-            view, then = T.core_view(t, op, device_ok=self._cuda)
-            handles.append(self._comm.allreduce_async(view, op=op, name="torch.all_reduce"))
-            thens.append(then)
-        return self._queued(handles, list(tensors), T.chain(*thens), "all_reduce")
+        with self._refusing("allreduce"):
+            op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
+            views = [T.core_view(t, op, device_ok=self._cuda) for t in tensors]
+        handles = [self._comm.allreduce_async(v, op=op, name="torch.all_reduce")
+                   for v, _ in views]
+        return self._queued(handles, list(tensors), T.chain(*[t for _, t in views]),
+                            "all_reduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts=None):
-        op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
-        root = _opt(opts, "rootRank", 0)
-        t = tensors[_opt(opts, "rootTensor", 0)]
-        view, then = T.core_view(t, op)
+        with self._refusing("allreduce"):
+            op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
+            root = _opt(opts, "rootRank", 0)
+            view, then = T.core_view(tensors[_opt(opts, "rootTensor", 0)], op)
         if self.rank() == root:
             h = self._comm.allreduce_async(view, op=op, name="torch.reduce")
         else:  # the root's result only: this rank's tensor stays as it was
@@ -108,35 +122,38 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
     # -------------------------------------------------------- data movement
     def broadcast(self, tensors, opts=None):
         root = _opt(opts, "rootRank", 0)
-        handles, thens = [], []
-        for t in tensors:
-            view, then = T.core_view(t)
-            handles.append(self._comm.broadcast_async(view, root, name="torch.broadcast"))
-            thens.append(then)
-        return self._queued(handles, list(tensors), T.chain(*thens), "broadcast")
+        with self._refusing("broadcast"):
+            views = [T.core_view(t) for t in tensors]
+        handles = [self._comm.broadcast_async(v, root, name="torch.broadcast") for v, _ in views]
+        return self._queued(handles, list(tensors), T.chain(*[t for _, t in views]),
+                            "broadcast")
 
     def allgather(self, output_lists, inputs, opts=None):
-        handles, thens = [], []
-        for outs, inp in zip(output_lists, inputs):
-            _check_list(outs, self.size(), "all_gather: output list")
-            counts = [o.numel() for o in outs]
-            if inp.numel() != counts[self.rank()]:
-                raise ValueError("all_gather: input has %d elements but output[%d] has %d"
-                                 % (inp.numel(), self.rank(), counts[self.rank()]))
-            view, _ = T.core_view(inp)
-            flat = torch.empty(sum(counts), dtype=T.word_dtype(inp))
-            handles.append(self._comm.allgather_async(view, flat, counts=counts,
-                                                      name="torch.all_gather"))
-            thens.append(_unpack(flat, outs))
-        return self._queued(handles, list(output_lists), T.chain(*thens), "all_gather")
+        with self._refusing("allgather"):
+            plans = [self._plan_allgather(outs, inp) for outs, inp in zip(output_lists, inputs)]
+        handles = [self._comm.allgather_async(view, flat, counts=counts, name="torch.all_gather")
+                   for view, flat, counts, _ in plans]
+        return self._queued(handles, list(output_lists), T.chain(*[p[3] for p in plans]),
+                            "all_gather")
+
+    def _plan_allgather(self, outs, inp):
+        _check_list(outs, self.size(), "all_gather: output list")
+        counts = [o.numel() for o in outs]
+        if inp.numel() != counts[self.rank()]:
+            raise ValueError("all_gather: input has %d elements but output[%d] has %d"
+                             % (inp.numel(), self.rank(), counts[self.rank()]))
+        view, _ = T.core_view(inp)
+        flat = torch.empty(sum(counts), dtype=T.word_dtype(inp))
+        return view, flat, counts, _unpack(flat, outs)
 
     def all_gather_single(self, output, inp, opts=None):
         n = inp.numel()
-        if output.numel() != n * self.size():
-            raise ValueError("all_gather_into_tensor: output has %d elements, need %d x %d "
-                             "ranks = %d" % (output.numel(), n, self.size(), n * self.size()))
-        out_view, then = T.core_view(output)
-        in_view, _ = T.core_view(inp)
+        with self._refusing("allgather"):
+            if output.numel() != n * self.size():
+                raise ValueError("all_gather_into_tensor: output has %d elements, need %d x %d "
+                                 "ranks = %d" % (output.numel(), n, self.size(), n * self.size()))
+            out_view, then = T.core_view(output)
+            in_view, _ = T.core_view(inp)
         h = self._comm.allgather_async(in_view, out_view, counts=[n] * self.size(),
                                        name="torch.all_gather_into_tensor")
         return self._queued([h], [output], then, "all_gather_into_tensor")
@@ -151,30 +168,35 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
 
     # ------------------------------------------------------- reduce-scatter
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
-        handles, thens = [], []
-        for out, ins in zip(outputs, input_lists):
-            _check_list(ins, self.size(), "reduce_scatter: input list")
-            counts = [i.numel() for i in ins]
-            if out.numel() != counts[self.rank()]:
-                raise ValueError("reduce_scatter: output has %d elements but input[%d] has %d"
-                                 % (out.numel(), self.rank(), counts[self.rank()]))
-            flat = torch.cat([i.detach().reshape(-1).cpu() for i in ins]) if ins else out
-            send, _ = T.core_view(flat, op)
-            recv, then = T.core_view(out, op)
-            handles.append(self._comm.reduce_scatter_async(send, recv, counts=counts, op=op,
-                                                           name="torch.reduce_scatter"))
-            thens.append(then)
-        return self._queued(handles, list(outputs), T.chain(*thens), "reduce_scatter")
+        with self._refusing("reduce_scatter"):
+            op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
+            plans = [self._plan_reduce_scatter(out, ins, op)
+                     for out, ins in zip(outputs, input_lists)]
+        handles = [self._comm.reduce_scatter_async(send, recv, counts=counts, op=op,
+                                                   name="torch.reduce_scatter")
+                   for send, recv, counts, _ in plans]
+        return self._queued(handles, list(outputs), T.chain(*[p[3] for p in plans]),
+                            "reduce_scatter")
+
+    def _plan_reduce_scatter(self, out, ins, op):
+        _check_list(ins, self.size(), "reduce_scatter: input list")
+        counts = [i.numel() for i in ins]
+        if out.numel() != counts[self.rank()]:
+            raise ValueError("reduce_scatter: output has %d elements but input[%d] has %d"
+                             % (out.numel(), self.rank(), counts[self.rank()]))
+        send, _ = T.core_view(torch.cat([T.host_flat(i) for i in ins]), op)
+        recv, then = T.core_view(out, op)
+        return send, recv, counts, then
 
     def reduce_scatter_single(self, output, inp, opts=None):
-        op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
         n = output.numel()
-        if inp.numel() != n * self.size():
-            raise ValueError("reduce_scatter_tensor: input has %d elements, need %d x %d ranks "
-                             "= %d" % (inp.numel(), n, self.size(), n * self.size()))
-        send, _ = T.core_view(inp, op)
-        recv, then = T.core_view(output, op)
+        with self._refusing("reduce_scatter"):
+            op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
+            if inp.numel() != n * self.size():
+                raise ValueError("reduce_scatter_tensor: input has %d elements, need %d x %d "
+                                 "ranks = %d" % (inp.numel(), n, self.size(), n * self.size()))
+            send, _ = T.core_view(inp, op)
+            recv, then = T.core_view(output, op)
         h = self._comm.reduce_scatter_async(send, recv, counts=[n] * self.size(), op=op,
                                             name="torch.reduce_scatter_tensor")
         return self._queued([h], [output], then, "reduce_scatter_tensor")
@@ -303,6 +325,20 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
         if getattr(self, "_owns_comm", False) and self._comm is not None:
             comm, self._comm = self._comm, None
             comm.free()
+
+
+def _tell_others(communicator, kind):
+    """Joins the agreement check of a `kind` call as invalid (a buffer the
+    Communicator refuses), so that the ranks making it raise MismatchError."""
+    call = {"allreduce": lambda: communicator.allreduce_async(None),
+            "broadcast": lambda: communicator.broadcast_async(None),
+            "allgather": lambda: communicator.allgather_async(None, counts=[0] * communicator.size),
+            "reduce_scatter": lambda: communicator.reduce_scatter_async(
+                None, counts=[0] * communicator.size)}[kind]
+    try:
+        call().wait()  # not reached: the Communicator refuses None
+    except (TypeError, ValueError):
+        pass
 
 
 def _core_has_cuda():
