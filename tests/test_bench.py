@@ -99,16 +99,18 @@ def test_device_cuda(tmp_path):
 def test_bench_train_runs_and_checks_parameters(tmp_path):
     out = tmp_path / "train.json"
     r = run_mpi(2, [sys.executable, "-m", "hpcdl", "bench", "train", "--steps", "2",
-                    "--warmup", "1", "--batch", "8", "--repeats", "2", "--json", str(out)],
-                timeout=120)
+                    "--warmup", "1", "--batch", "8", "--repeats", "2", "--json", str(out),
+                    "--noise-scale"], timeout=120)
     assert r.returncode == 0, r.stdout
     for word in ("hpcdl", "ddp-gloo", "no-comm", "hpcdl / DDP samples/s", "OK",
-                 "repeat 2/2"):
+                 "repeat 2/2", "hpcdl+noise", "parameters equal to hpcdl's: OK"):
         assert word in r.stdout, r.stdout
     data = json.loads(out.read_text())
     assert data["params"] > 10_000_000
     assert data["first_step_param_diff"] < 1e-4 and data["max_param_diff"] < 1e-4
     assert len(data["repeats"]) == 2 and len(data["ratios"]) == 2
+    noise = data["noise_scale"]  # --noise-scale: timed beside hpcdl, 3 steps measured
+    assert noise["steps"] == 3 and noise["own_ms_per_step"] > 0, noise
     row = data["rows"][0]
     assert row["impl"] == "hpcdl" and row["min"] <= row["samples_per_s"] <= row["max"]
     # shares of time: in [0, 1], and the job's backward window contains this rank's

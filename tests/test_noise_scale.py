@@ -3,9 +3,11 @@ hand-worked values, unbiasedness over random batch draws on a frozen linear mode
 whose per-sample gradients are known exactly, the smoothing, and the offline
 estimate at fixed weights. The multi-rank online estimate: test_noise_scale_mpi.py."""
 import math
+import os
 
 import pytest
 import torch
+from mpi_harness import run_python
 
 from hpcdl.optim.noise_scale import (NoiseScale, Smoothed, estimates, offline_noise_scale,
                                      squared_norm)
@@ -192,3 +194,37 @@ def test_offline_bad_input():
     with pytest.raises(ValueError, match="batches of one size"):
         offline_noise_scale(model, loss, [(torch.ones(2, 3), torch.ones(2)),
                                           (torch.ones(3, 3), torch.ones(3))])
+
+
+# ---------------------------------------------------------------- online, on 2 and 4 ranks
+SCRIPT = os.path.join(os.path.dirname(__file__), "mpi_scripts", "noise_scale_check.py")
+CASES = ["stage0", "stage1", "stage2", "passes", "scaled", "frozen", "bad"]
+CASE_LINES = 12  # 'CASE ... ok' lines per rank for all CASES
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_online_equals_one_process(n):
+    """DistributedOptimizer(noise_scale=True) at ZeRO 0, 1, 2, with 2 backward passes
+    with a loss scale and a skipped step: the one-process estimate from the same
+    per-rank gradients, the same on every rank, None before the first step."""
+    r = run_python(n, SCRIPT, timeout=240, args=CASES)
+    assert r.stdout.count(" ok") == CASE_LINES * n, r.stdout
+
+
+@pytest.mark.mpi
+def test_train_records_b_simple(tmp_path):
+    """hpcdl train on 2 ranks (ZeRO 1, fp16 loss scaling): B_simple in every epoch's
+    record and line, finite and positive; curves.png written."""
+    import json
+    import sys
+    from mpi_harness import run_mpi
+    out = tmp_path / "run"
+    r = run_mpi(2, [sys.executable, "-m", "hpcdl", "train", "--epochs", "2", "--global-batch",
+                    "64", "--zero", "1", "--precision", "fp16", "--out", str(out)],
+                timeout=180, check=True)
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [rec["epoch"] for rec in recs] == [1, 2]
+    assert all(0 < rec["b_simple"] < 1e6 for rec in recs), recs
+    assert r.stdout.count("B_simple") == 2, r.stdout
+    assert (out / "curves.png").stat().st_size > 0

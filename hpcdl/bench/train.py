@@ -18,8 +18,14 @@ different orders, and a model that amplifies rounding (BatchNorm over a few
 values: ResNet at small batch and 32x32 input) can drift far apart in a few
 steps without anything being wrong, so there only the first step is checked
 (with 2 ranks both sums are exact, and the last step is checked too).
+
+--noise-scale adds a fourth, hpcdl+noise: DistributedOptimizer(noise_scale=True)
+(the gradient noise scale measured every step), timed in the same rotation,
+so its cost per step is the difference to hpcdl's; it must end with exactly
+hpcdl's parameters (the measurement only reads gradients).
 """
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -46,6 +52,7 @@ class Options:
     repeats: int = 1         # each implementation this many times, interleaved
     json: str = None
     fusion_mb: float = None  # hpcdl's fusion buckets (MiB); None: HPCDL_FUSION_THRESHOLD's
+    noise_scale: bool = False  # also time DistributedOptimizer(noise_scale=True)
 
 
 def build_model(name):
@@ -66,11 +73,11 @@ def batches(opts, shape, classes, rank, n):
 
 
 # ----------------------------------------------------------------------------
-# the three implementations: each a model and a step(x, y)
+# the implementations: each a model and a step(x, y)
 
 class Impl:
-    def __init__(self, name, model, step):
-        self.name, self.model, self.step = name, model, step
+    def __init__(self, name, model, step, opt=None):
+        self.name, self.model, self.step, self.opt = name, model, step, opt
 
 
 def sgd_step(model, opt):
@@ -81,12 +88,16 @@ def sgd_step(model, opt):
     return step
 
 
-def make_hpcdl(opts, windows):
-    """DistributedOptimizer; each step appends its backward window (MPI_Wtime)."""
+def make_hpcdl(opts, windows, noise_scale=False):
+    """DistributedOptimizer; each step appends its backward window (MPI_Wtime).
+    noise_scale: hpcdl+noise, measuring the gradient noise scale (its buckets
+    kept off the timeline, which describes hpcdl's)."""
     import hpcdl.torch as hvd
+    from ..trace import timeline
     model, _, _ = build_model(opts.model)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=opts.lr),
-                                   named_parameters=model.named_parameters())
+                                   named_parameters=model.named_parameters(),
+                                   noise_scale=noise_scale)
 
     def step(x, y):
         opt.zero_grad()
@@ -95,7 +106,15 @@ def make_hpcdl(opts, windows):
         loss.backward()
         windows.append((b0, MPI.Wtime()))
         opt.step()
-    return Impl("hpcdl", model, step)
+
+    def quiet_step(x, y):
+        tl, timeline._active = timeline._active, None
+        try:
+            step(x, y)
+        finally:
+            timeline._active = tl
+    return Impl("hpcdl+noise" if noise_scale else "hpcdl", model,
+                quiet_step if noise_scale else step, opt)
 
 
 def make_ddp(opts):
@@ -188,7 +207,7 @@ def max_param_diff(m1, m2):
     return max((p - q).abs().max().item() for p, q in zip(m1.parameters(), m2.parameters()))
 
 
-IMPLS = ("hpcdl", "ddp-gloo", "no-comm")
+IMPLS = ("hpcdl", "hpcdl+noise", "ddp-gloo", "no-comm")
 
 
 def one_pass(opts, data, gloo_ok, mpi):
@@ -198,6 +217,8 @@ def one_pass(opts, data, gloo_ok, mpi):
     from ..trace import timeline
     windows = []
     impls = [make_hpcdl(opts, windows)] + ([make_ddp(opts)] if gloo_ok else [])
+    if opts.noise_scale:
+        impls.append(make_hpcdl(opts, [], noise_scale=True))
     impls.append(make_local(opts))
     tl = timeline.start_timeline(os.devnull)  # records hpcdl's buckets; written nowhere
     first = []
@@ -214,7 +235,27 @@ def one_pass(opts, data, gloo_ok, mpi):
         out[impl.name] = dict(seconds=t, samples_per_s=opts.steps * opts.batch * mpi.size / t,
                               hidden=hidden[0] if impl.name == "hpcdl" else None,
                               hidden_job=hidden[1] if impl.name == "hpcdl" else None)
+        if impl.name == "hpcdl+noise":  # the measurement only reads: hpcdl's parameters
+            ns = impl.opt.noise_scale(batch_size=opts.batch)
+            out[impl.name].update(
+                b_simple=ns.b_simple if ns and math.isfinite(ns.b_simple) else None,
+                noise_steps=ns.steps if ns else 0,
+                meter_ms=1e3 * impl.opt.noise_meter.seconds / len(data),  # every step, warm-up too
+                param_diff=mpi.allreduce(max_param_diff(impls[0].model, impl.model),
+                                         op=MPI.MAX))
     return out, ((first[0], diff()) if gloo_ok else (None, None))
+
+
+def noise_scale_cost(reps, steps):
+    """hpcdl+noise against hpcdl within each repeat: (median extra ms per step,
+    median ratio of step times, range of the ratio, median ms per step spent in
+    the measurement's own callbacks)."""
+    import statistics as st
+    pairs = [(r["hpcdl+noise"]["seconds"], r["hpcdl"]["seconds"]) for r in reps]
+    extra = st.median(1e3 * (a - b) / steps for a, b in pairs)
+    ratios = [a / b for a, b in pairs]
+    own = st.median(r["hpcdl+noise"]["meter_ms"] for r in reps)
+    return extra, st.median(ratios), (min(ratios), max(ratios)), own
 
 
 def summarize(reps):
@@ -309,11 +350,28 @@ def run(opts):
     if first is not None:
         say("# parameters of hpcdl and DDP differ by at most %.2g after the first step: %s; "
             "after the last: %.2g" % (first, "FAILED" if wrong else "OK", diff))
+    noise = None
+    if opts.noise_scale:
+        extra, rel, rng, own = noise_scale_cost(reps, opts.steps)
+        last = reps[-1]["hpcdl+noise"]
+        same = all(r["hpcdl+noise"]["param_diff"] == 0.0 for r in reps)
+        wrong = wrong or not same
+        noise = dict(extra_ms_per_step=extra, step_time_ratio=rel, ratio_range=rng,
+                     own_ms_per_step=own, b_simple=last["b_simple"],
+                     steps=last["noise_steps"])
+        say("# noise scale: hpcdl+noise steps take %+.2f ms (%.3fx hpcdl's step, range "
+            "%.3f..%.3fx; median of %d repeat(s)), %.2f ms of it in the measurement's own "
+            "calls; B_simple %s after %d steps (batch %d per rank); parameters equal to "
+            "hpcdl's: %s"
+            % (extra, rel, rng[0], rng[1], len(reps), own,
+               "%.4g" % last["b_simple"] if last["b_simple"] is not None else "-",
+               last["noise_steps"], opts.batch, "OK" if same else "FAILED"))
     if opts.json and world.rank == 0:
         with open(opts.json, "w") as f:
             json.dump({"ranks": world.size, "model": opts.model, "params": nparams,
                        "batch_per_rank": opts.batch, "threads": threads, "rows": rows,
                        "fusion_bytes": fusion_threshold(),
                        "repeats": reps, "ratio": ratio, "ratios": ratios,
-                       "first_step_param_diff": first, "max_param_diff": diff}, f, indent=1)
+                       "first_step_param_diff": first, "max_param_diff": diff,
+                       "noise_scale": noise}, f, indent=1)
     return 1 if wrong else 0

@@ -140,6 +140,9 @@ def _register_train(sub):
     p.add_argument("--fusion-mb", type=float, default=None,
                    help="hpcdl's fusion bucket size in MiB after the 1 MiB first one "
                         "(default: HPCDL_FUSION_THRESHOLD's, 25)")
+    p.add_argument("--noise-scale", action="store_true",
+                   help="also time DistributedOptimizer(noise_scale=True) (the gradient noise "
+                        "scale measured every step) in the same rotation: its cost per step")
     p.add_argument("--zero", default=None, metavar="STAGES",
                    help="ZeRO instead: hpcdl's stages (comma-separated, of 0,1,2,3) with Adam "
                         "against DistributedOptimizer, ZeroRedundancyOptimizer and FSDP2 on "
@@ -161,6 +164,9 @@ def run_train(args):
     if stages is not None and args.fusion_mb is not None:
         raise UsageError("--fusion-mb is not taken with --zero (its runs use the default "
                          "fusion buckets); drop one of them")
+    if stages is not None and args.noise_scale:
+        raise UsageError("--noise-scale is not taken with --zero (it times "
+                         "DistributedOptimizer at stage 0); drop one of them")
     from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         argv = [sys.executable, "-m", "hpcdl", "bench", "train", "--model", args.model,
@@ -170,13 +176,15 @@ def run_train(args):
         argv += ["--json", args.json] if args.json else []
         argv += ["--fusion-mb", str(args.fusion_mb)] if args.fusion_mb is not None else []
         argv += ["--zero", args.zero] if args.zero is not None else []
+        argv += ["--noise-scale"] if args.noise_scale else []
         return launcher.launch(args.n, argv, **launcher.launch_options(args))
     if args.zero is not None:
         return _abort_on_error(*zero_options(args, stages))
     from ..bench import train
     opts = train.Options(model=args.model, steps=args.steps, warmup=args.warmup,
                          batch=args.batch, threads=args.threads, repeats=args.repeats,
-                         json=args.json, fusion_mb=args.fusion_mb)
+                         json=args.json, fusion_mb=args.fusion_mb,
+                         noise_scale=args.noise_scale)
     return _abort_on_error(train.run, opts)
 
 

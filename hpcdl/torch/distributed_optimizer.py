@@ -5,8 +5,8 @@ DataParallelOptimizer, zero/optimizer.py's ZeroOptimizer,
 adasum_optimizer.py's DistributedAdasumOptimizer."""
 import warnings
 
-from . import zero
-from ._basics import Adasum
+from . import noise_scale as _noise, zero
+from ._basics import Adasum, comm_op
 from .adasum_optimizer import DistributedAdasumOptimizer
 from .optimizer import DataParallelOptimizer
 
@@ -14,7 +14,7 @@ from .optimizer import DataParallelOptimizer
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,  # noqa: N802
                          backward_passes_per_step=1, op="average", gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
-                         zero_stage=0):
+                         zero_stage=0, noise_scale=False):
     """Wraps optimizer so that step() applies gradients averaged over the
     ranks of process_set (all by default; on a rank outside it, its own).
     Horovod's arguments; zero_stage=1|2 shards the optimizer state (and at 2
@@ -23,7 +23,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,  # 
     back to the wrapped optimizer sparse, whether or not sparse_as_dense is
     set (the same numbers as Horovod's all-gather of indices and values).
     The returned optimizer's `reducer` takes a comm hook and statistics hooks
-    (reducer.py)."""
+    (reducer.py). noise_scale=True (or the smoothing beta, in (0, 1)) measures
+    the gradient noise scale every step: opt.noise_scale(batch_size=b)
+    (noise_scale.py, docs/noise_scale.md)."""
+    beta = _noise.check_option(noise_scale)
     if num_groups and groups is None:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
                       "removed in v0.23.0.", DeprecationWarning)
@@ -31,9 +34,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,  # 
     options = dict(compression=compression, backward_passes_per_step=backward_passes_per_step,
                    op=op, gradient_predivide_factor=gradient_predivide_factor, groups=groups,
                    sparse_as_dense=sparse_as_dense)
+    if beta is not None:
+        _noise.check_compatible("adasum" if op == Adasum else comm_op(op), compression)
     if op == Adasum:  # Horovod's delta optimizer
         return DistributedAdasumOptimizer(optimizer, named_parameters, compression, process_set)
     stage = zero.check_stage(zero_stage)
     if stage:
-        return zero.ZeroOptimizer(optimizer, named_parameters, stage, process_set, **options)
-    return DataParallelOptimizer(optimizer, named_parameters, process_set, **options)
+        opt = zero.ZeroOptimizer(optimizer, named_parameters, stage, process_set, **options)
+    else:
+        opt = DataParallelOptimizer(optimizer, named_parameters, process_set, **options)
+    if beta is not None and opt.reducer.comm is not None:  # on the Reducer's stats seam
+        opt._noise = _noise.attach(opt.reducer, beta, blocks=stage == 2)
+    return opt

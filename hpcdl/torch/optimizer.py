@@ -42,6 +42,7 @@ class DataParallelOptimizer(OptimizerWrapper):
     so LR schedulers and checkpoints see one optimizer. options: the keys of
     GRADIENT_OPTIONS (Horovod's keywords)."""
     zero_stage = 0
+    _noise = None  # the gradient noise scale's Meter (noise_scale.py), when asked for
 
     def __init__(self, optimizer, named_parameters=None, process_set=None, **options):
         from ._basics import comm_op
@@ -119,7 +120,40 @@ class DataParallelOptimizer(OptimizerWrapper):
                               "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
-        return self._step(closure)
+        loss = self._step(closure)
+        if self._noise is not None:
+            self._noise.commit()  # the step counts (one the loss scaler skips never gets here)
+        return loss
+
+    def noise_scale(self, batch_size):
+        """The gradient noise scale measured so far (built with noise_scale=True;
+        docs/noise_scale.md): a NoiseScale with .b_simple (samples), .grad_sqr
+        (|G|^2), .grad_var (tr(Sigma) of one sample's gradient) and .steps, the
+        same on every rank; None before the first step() and on one rank.
+        batch_size: samples per rank per backward pass. Not collective."""
+        from .noise_scale import check_batch
+        b = check_batch(batch_size)
+        if self._noise is None:
+            if self.reducer.comm is None:  # outside the process set
+                return None
+            raise RuntimeError("noise_scale() needs the optimizer built with "
+                               "hvd.DistributedOptimizer(..., noise_scale=True)")
+        return self._noise.result(b * self.reducer.passes_per_step)
+
+    @property
+    def noise_meter(self):
+        """The noise scale's Meter (noise_scale.py: .smoothed, .seconds spent in
+        it), or None without noise_scale=True."""
+        return self._noise
+
+    def set_loss_scale(self, scale):
+        """fp16 loss scaling: the factor this step's loss was multiplied by.
+        Only the noise scale reads it (its squared norms are divided by
+        scale**2); unscaling the gradients stays the loss scaler's job."""
+        from .noise_scale import check_loss_scale
+        scale = check_loss_scale(scale)
+        if self._noise is not None:
+            self._noise.loss_scale = scale
 
     def _step(self, closure):
         return self._opt.step(closure)

@@ -15,6 +15,7 @@ State saved: the replica (model, optimizer, schedule, loss scale, RNG) as
 every rank holds it, plus each rank's top-k residuals; rank 0 writes it.
 The loop around it is trainer.py's; the interface it fills is described there.
 """
+import math
 import os
 
 import torch
@@ -22,6 +23,13 @@ import torch
 from .. import comm
 from . import build, checkpoint, data
 from .precision import LossScaler, autocast
+
+
+def noise_scale_option(cfg):
+    """DistributedOptimizer's noise_scale: measured whenever there are two
+    batch sizes to compare (2+ ranks) and the reduced gradient is the exact
+    average (not under top-k compression)."""
+    return comm.size() > 1 and not cfg.compression.startswith("topk")
 
 
 def pick_device():
@@ -42,6 +50,7 @@ class AllReduce:
         self.data_rank, self.data_ranks = comm.rank(), comm.size()
         self.opt = self.sched = self.scaler = self.compression = None
         self.zero_stage = 0  # zero.py's strategy shards the optimizer (1, 2)
+        self.noise_on = False  # DistributedOptimizer measures the noise scale (build())
 
     # ------------------------------------------------------------ set-up
     def build(self, model, steps):
@@ -51,10 +60,12 @@ class AllReduce:
         cfg = self.cfg
         self.model = model
         local = build.build_optimizer(cfg, model)
+        self.noise_on = noise_scale_option(cfg)
         self.compression = build.build_compression(cfg.compression)
         self.opt = hvd.DistributedOptimizer(local, named_parameters=model.named_parameters(),
                                             compression=self.compression,
-                                            zero_stage=self.zero_stage)
+                                            zero_stage=self.zero_stage,
+                                            noise_scale=self.noise_on)
         self.sched = build.build_schedule(cfg, self.opt, steps)
         self.scaler = LossScaler(agree=comm.any_rank) if cfg.precision == "fp16" else None
 
@@ -109,6 +120,7 @@ class AllReduce:
             loss.backward()
             self.opt.step()
         else:  # fp16: scaled backward, averaged grads checked for overflow on every rank
+            self.opt.set_loss_scale(self.scaler.scale)  # the noise scale divides it out
             self.scaler.scale_loss(loss).backward()
             self.opt.synchronize()
             if self.scaler.unscale_and_check(self.opt.local_parameters()):
@@ -122,9 +134,18 @@ class AllReduce:
         buffers = {k: v for k, v in self.model.named_buffers() if v.is_floating_point()}
         if buffers:
             hvd.broadcast_parameters(buffers, root_rank=0)
+        extra = dict(b_simple=self.b_simple())
         if self.scaler is None:
-            return {}
-        return dict(loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped)
+            return extra
+        return dict(extra, loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped)
+
+    def b_simple(self):
+        """The gradient noise scale B_simple so far (samples; smoothed over about
+        the last 100 steps, docs/noise_scale.md), or None (one rank, no step yet,
+        |G|^2 estimated <= 0)."""
+        ns = self.opt.noise_scale(batch_size=self.cfg.global_batch // comm.size()) \
+            if self.noise_on else None
+        return ns.b_simple if ns is not None and math.isfinite(ns.b_simple) else None
 
     def finish(self):
         """Collective, after the last epoch: the summary's extra fields."""

@@ -1,7 +1,8 @@
 """report.py - what rank 0 shows and writes during training: a tqdm bar per
 epoch on a terminal (a plain progress line every PLAIN_EVERY_S seconds
 otherwise, as in a Slurm output file), one line per epoch, metrics.jsonl,
-curves.png (loss, accuracy and learning rate against epoch), summary.json and
+curves.png (loss, accuracy, learning rate and, on 2+ ranks, the gradient
+noise scale B_simple against epoch), summary.json and
 model.pt at the end. Other ranks get a Reporter that does nothing."""
 import hashlib
 import json
@@ -56,9 +57,10 @@ class Reporter:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        noise = "  B_simple %.4g" % rec["b_simple"] if rec.get("b_simple") else ""
         comm.print0("epoch %3d/%d  loss %.4f  acc %.4f  test_acc %.4f  lr %.4g  samples/s %.0f"
                     % (rec["epoch"], self.cfg.epochs, rec["loss"], rec["accuracy"],
-                       rec["test_accuracy"], rec["lr"], rec["samples_per_s"]))
+                       rec["test_accuracy"], rec["lr"], rec["samples_per_s"]) + noise)
         if self.metrics is not None:
             self.metrics.write(json.dumps(rec) + "\n")
             self.metrics.flush()  # readable while training runs
@@ -130,13 +132,15 @@ def plot_curves(metrics_path, png_path):
     if not recs:
         return
     ep = [r["epoch"] for r in recs]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.9))
-    for ax, keys, title in ((axes[0], ("loss", "test_loss"), "loss"),
-                            (axes[1], ("accuracy", "test_accuracy"), "accuracy"),
-                            (axes[2], ("lr",), "learning rate (end of epoch)")):
+    panels = [(("loss", "test_loss"), "loss"), (("accuracy", "test_accuracy"), "accuracy"),
+              (("lr",), "learning rate (end of epoch)")]
+    if any(r.get("b_simple") is not None for r in recs):  # 2+ ranks (docs/noise_scale.md)
+        panels.append((("b_simple",), "gradient noise scale B_simple (samples)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.9))
+    for ax, (keys, title) in zip(axes, panels):
         for k in keys:
-            ax.plot(ep, [r[k] for r in recs], marker=".",
-                    label="test" if k.startswith("test") else "train")
+            ax.plot(ep, [r.get(k) if r.get(k) is not None else float("nan") for r in recs],
+                    marker=".", label="test" if k.startswith("test") else "train")
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(title)
