@@ -149,6 +149,21 @@ def barrier_and_coalesced():
         w.wait()
     for k, t in zip((0, 5, 1031), ts):
         close(t, sum(data(r, (k,), torch.float32) for r in range(N)), "async all_reduce %d" % k)
+    # functional collectives' coalesced forms (DTensor / FSDP use these ops)
+    import torch.distributed._functional_collectives as funcol
+    world = dist.group.WORLD
+    ins = [data(R, (3,), torch.float32), data(R + 5, (2, 4), torch.int64)]
+    outs = funcol.all_gather_into_tensor_coalesced(ins, world)
+    for i, (got, x) in enumerate(zip(outs, ins)):
+        want = torch.cat([data(r + 5 * i, x.shape, x.dtype) for r in range(N)])
+        close(torch.as_tensor(got).clone(), want, "all_gather_into_tensor_coalesced %d" % i)
+    ins = [data(R, (N * 3,), torch.float32), data(R + 5, (N * 2, 4), torch.float64)]
+    outs = funcol.reduce_scatter_tensor_coalesced(ins, "sum", [0, 0], world)
+    for i, (got, x) in enumerate(zip(outs, ins)):
+        full = sum(data(r + 5 * i, x.shape, x.dtype) for r in range(N))
+        block = x.shape[0] // N
+        close(torch.as_tensor(got).clone(), full[R * block:(R + 1) * block],
+              "reduce_scatter_tensor_coalesced %d" % i)
 
 
 # ------------------------------------------- the all-to-all family (MPI Alltoallv)

@@ -149,9 +149,7 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
     def all_gather_single(self, output, inp, opts=None):
         n = inp.numel()
         with self._refusing("allgather"):
-            if output.numel() != n * self.size():
-                raise ValueError("all_gather_into_tensor: output has %d elements, need %d x %d "
-                                 "ranks = %d" % (output.numel(), n, self.size(), n * self.size()))
+            _check_whole(output, n, self.size(), "all_gather_into_tensor: output")
             out_view, then = T.core_view(output)
             in_view, _ = T.core_view(inp)
         h = self._comm.allgather_async(in_view, out_view, counts=[n] * self.size(),
@@ -161,8 +159,7 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _joined(works, list(outputs), "all_gather_into_tensor_coalesced")
+        return _each(self.all_gather_single, outputs, inputs, opts, "all_gather_coalesced")
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -192,9 +189,7 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
         n = output.numel()
         with self._refusing("reduce_scatter"):
             op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
-            if inp.numel() != n * self.size():
-                raise ValueError("reduce_scatter_tensor: input has %d elements, need %d x %d "
-                                 "ranks = %d" % (inp.numel(), n, self.size(), n * self.size()))
+            _check_whole(inp, n, self.size(), "reduce_scatter_tensor: input")
             send, _ = T.core_view(inp, op)
             recv, then = T.core_view(output, op)
         h = self._comm.reduce_scatter_async(send, recv, counts=[n] * self.size(), op=op,
@@ -204,8 +199,8 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _joined(works, list(outputs), "reduce_scatter_tensor_coalesced")
+        return _each(self.reduce_scatter_single, outputs, inputs, opts,
+                     "reduce_scatter_coalesced")
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -355,6 +350,13 @@ def _check_list(tensors, size, what):
         raise ValueError("%s has %d tensors; the group has %d ranks" % (what, len(tensors), size))
 
 
+def _check_whole(whole, block, size, what):
+    """whole must hold one block of `block` elements per rank."""
+    if whole.numel() != block * size:
+        raise ValueError("%s has %d elements, need %d x %d ranks = %d"
+                         % (what, whole.numel(), block, size, block * size))
+
+
 def _expect(got, want, what):
     if list(got) != list(want):
         raise ValueError("%s hold %s elements per rank, but the ranks sent %s"
@@ -379,12 +381,15 @@ def _unpack(flat, outs):
     return then
 
 
-def _joined(works, result, name):
-    """One Work that is done when every one of works is."""
+def _each(call, outputs, inputs, opts, name):
+    """A coalesced call: call on each (output, input) pair, one Work done when
+    all of theirs are."""
+    works = [call(o, i, opts) for o, i in zip(outputs, inputs)]
+
     def then():
         for w in works:
             w.wait()
-    return Work((), result, then, name)
+    return Work((), list(outputs), then, name)
 
 
 def _row_elements(t):
