@@ -147,7 +147,7 @@ def test_which_parameters_get_weight_decay(optimizer, flag, excluded):
                          "batch 2048"),
     ("goyal", 2048, 1.6, "warmup 5 epoch(s) from lr 0.05, then cosine"),
     ("lars", 8192, 40.0, "trust coefficient 0.001"),
-    ("lamb", 8192, 0.02, "lamb, base lr 0.01 at batch 2048, sqrt scaling -> lr 0.02"),
+    ("lamb", 8192, 0.06, "lamb, base lr 0.03 at batch 2048, sqrt scaling -> lr 0.06"),
 ])
 def test_recipes_load_print_and_scale_with_the_batch(recipe, batch, lr, words):
     cfg = resolve({}, dict(recipe=recipe, global_batch=batch))
