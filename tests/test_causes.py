@@ -30,12 +30,14 @@ def test_sieve_one_line_per_cause():
                  rec(1, "[rank 1] shard a.h5 rows 3-4: bad"), rec(2, "[rank 2] shard a.h5 rows 3-4: bad"),
                  rec(0, "other"), "-" * 74 + "\n", "MPI_ABORT was invoked on rank 1\n",
                  "-" * 74 + "\n", "[vm:1] 2 more processes have sent help message x\n",
-                 "a user's warning\n"]:
+                 "a user's warning\n",
+                 "[rank 0] error: rank 1 finished (its hpcdl shut down) while ...\n"]:
         s.feed(line)
     s.run(io.BytesIO(b""))  # the end: held banners go to the log
     assert out.getvalue() == "epoch 1 loss 0.5\na user's warning\n"
-    assert s.summary()[:2] == ["DataError on ranks 1-2: shard a.h5 rows 3-4: bad",
-                               "DataError on rank 0: other"]
+    assert s.summary()[:3] == ["DataError on ranks 1-2: shard a.h5 rows 3-4: bad",
+                               "DataError on rank 0: other",
+                               "rank 1 finished (its hpcdl shut down) while ... (said by rank 0)"]
     log = open(s.path).read()
     os.unlink(s.path)
     assert "[rank 1] Traceback" in log and "MPI_ABORT" in log and "help message" in log

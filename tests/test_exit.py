@@ -30,7 +30,7 @@ def test_process_sets_left_at_exit(n, sets):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n,leaver,mode", [(2, 1, "early"), (3, 2, "early_async"),
-                                           (3, 0, "early")])
+                                           (3, 0, "early"), (2, 1, "early_barrier")])
 def test_rank_leaving_early_ends_the_job(n, leaver, mode):
     """The leaving rank is named, and the verdict is the finished rank's, not
     the stall shutdown's: with the default 600 s shutdown time the launch
@@ -39,7 +39,7 @@ def test_rank_leaving_early_ends_the_job(n, leaver, mode):
                    env={"HPCDL_STALL_SHUTDOWN_TIME_SECONDS": "600"})
     assert r.returncode != 0, r.stdout
     assert "NOT REACHED" not in r.stdout, r.stdout
-    m = re.search(r"error: rank (\d+) finished .* rank (\d+) is missing [^;]*grad\.skipped",
-                  r.stdout)
+    what = "barrier" if mode == "early_barrier" else r"grad\.skipped"
+    m = re.search(r"error: rank (\d+) finished .* rank (\d+) is missing [^;]*" + what, r.stdout)
     assert m and int(m.group(1)) == leaver == int(m.group(2)), r.stdout
     assert "HPCDL_STALL_SHUTDOWN_TIME_SECONDS" not in r.stdout, r.stdout

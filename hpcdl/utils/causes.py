@@ -8,8 +8,9 @@ and the exception's class is hpcdl's, the rank writes its traceback and one
 cause record to stderr as marked lines, in one write. Marked lines travel
 through mpirun / srun from any host like the rest of stderr.
 
-Launcher side (Sieve, on the launcher's stderr): marked lines and, once a
-cause was seen, the launcher's own abort banners go to a log file; every
+Launcher side (Sieve, on the launcher's stderr): marked lines, the core's
+one-line verdicts (a stall, a rank that finished early) and, once a cause
+was seen, the launcher's own abort banners go to a log file; every
 other line passes through at once. At the end the launcher prints one line
 per distinct cause (its ranks, its message, which carries hpcdl's hint) and
 names the log file. `--tracebacks` keeps everything on the terminal.
@@ -53,6 +54,8 @@ NOISE = re.compile(r"ORTE_ERROR_LOG|more process(es)? ha(s|ve) sent help message
                    r"orte_base_help_aggregate|uncaught \w+; ending the job|"
                    r"application called MPI_Abort|BAD TERMINATION|^\s*=+\s*$")
 DASHES = re.compile(r"^-{20,}\s*$")
+# the core's own verdicts (src_c/stall.c), one line from each rank that says it
+CORE_VERDICT = re.compile(r"^\[rank (\d+)\] error: ((stall inspector:|rank \d+ finished) .*)$")
 # banners of a job ending: held until the end when no cause is known yet (the
 # launcher's own messages may overtake the ranks' forwarded stderr)
 ENDING = re.compile(r"MPI_ABORT was invoked|Primary job +terminated|noticed that process "
@@ -90,6 +93,10 @@ class Sieve:
         if MARK in line:
             self._cause(line.split(MARK, 1)[1])
             return
+        verdict = CORE_VERDICT.match(line.strip())
+        if verdict:
+            self._add(None, verdict.group(2), int(verdict.group(1)))
+            return
         if self._block is not None:  # inside a banner: decide at its end
             self._block.append(line)
             if DASHES.match(line):
@@ -123,15 +130,18 @@ class Sieve:
         except ValueError:
             return
         message = re.sub(r"^\[rank \d+\]\s*", "", str(rec.get("message", "")))
+        self._add(rec.get("type"), message, rec.get("rank"))
+
+    def _add(self, kind, message, rank):
+        """One more rank for the cause (kind None: the core's verdict, said by rank)."""
         message = " ".join(message.split())
-        key = (rec.get("type"), message)
-        for kind, text, ranks in self.causes:
-            if (kind, text) == key:
-                ranks.append(rec.get("rank"))
+        for known, text, ranks in self.causes:
+            if (known, text) == (kind, message):
+                ranks.append(rank)
                 break
         else:
-            self.causes.append((key[0], key[1], [rec.get("rank")]))
-        self.log("[rank %s] %s: %s" % (rec.get("rank"), key[0], message))
+            self.causes.append((kind, message, [rank]))
+        self.log("[rank %s] %s: %s" % (rank, kind or "error", message))
 
     def run(self, stream):
         """Feeds every line of stream (bytes); returns at its end."""
@@ -149,7 +159,8 @@ class Sieve:
         """The launcher's lines: one per distinct cause, then the log's name."""
         out = []
         for kind, message, ranks in self.causes:
-            out.append("%s on %s: %s" % (kind, rank_list(ranks), message))
+            out.append("%s (said by %s)" % (message, rank_list(ranks)) if kind is None
+                       else "%s on %s: %s" % (kind, rank_list(ranks), message))
         if self.causes and self.path:
             out.append("full tracebacks and the launcher's messages: %s (--tracebacks shows "
                        "them here)" % self.path)

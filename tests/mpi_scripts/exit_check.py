@@ -10,6 +10,8 @@ argv[1] = "early": rank argv[2] skips the second all-reduce and returns
     normally (its hpcdl shuts down at exit); the others wait in it. The job
     must end within seconds, naming that rank, not at the stall shutdown time.
 argv[1] = "early_async": the same with the all-reduce queued on the engine.
+argv[1] = "early_barrier": the same with hvd.barrier() (MPI_Barrier, counted by
+    the stall inspector like the core's blocking collectives).
 """
 import sys
 import time
@@ -31,7 +33,7 @@ if mode == "sets":
             assert torch.equal(y, want), (ps, y)
     hvd.allreduce(x, op=hvd.Sum, name="last")
     print("EXIT OK rank %d" % hvd.rank(), flush=True)
-elif mode in ("early", "early_async"):
+elif mode in ("early", "early_async", "early_barrier"):
     leaver = int(sys.argv[2])
     if hvd.rank() == leaver:
         print("rank %d leaves early" % leaver, flush=True)
@@ -39,6 +41,8 @@ elif mode in ("early", "early_async"):
     time.sleep(0.2)
     if mode == "early":
         hvd.allreduce(x, name="grad.skipped")
+    elif mode == "early_barrier":
+        hvd.barrier()
     else:
         hvd.synchronize(hvd.allreduce_async(x, name="grad.skipped"))
     print("NOT REACHED rank %d" % hvd.rank(), flush=True)
