@@ -146,7 +146,11 @@ class Sieve:
     def run(self, stream):
         """Feeds every line of stream (bytes); returns at its end."""
         for raw in iter(stream.readline, b""):
-            self.feed(raw.decode("utf-8", "replace"))
+            line = raw.decode("utf-8", "replace")
+            try:
+                self.feed(line)
+            except Exception:  # never stop draining: a full pipe would block the job
+                self._show(line)
         if self._block is not None:
             self._end_block()
         held, self._held = self._held, []
