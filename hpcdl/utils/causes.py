@@ -150,7 +150,10 @@ class Sieve:
             try:
                 self.feed(line)
             except Exception:  # never stop draining: a full pipe would block the job
-                self._show(line)
+                try:
+                    self._show(line)
+                except Exception:
+                    pass
         if self._block is not None:
             self._end_block()
         held, self._held = self._held, []
