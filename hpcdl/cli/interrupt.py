@@ -1,16 +1,18 @@
 """interrupt.py - Ctrl-C and leftovers for the commands that start ranks
 (`hpcdl run`, `hpcdl train -n`, ...).
 
-The launcher (mpirun, mpiexec, srun) runs in a process group of its own, so
-the terminal's Ctrl-C reaches hpcdl alone, which decides what it means: the
-first is passed on as the command's stop signal (hpcdl train: SIGUSR1, a
-clean stop at the next step boundary with a checkpoint when --checkpoint-dir
-is set; hpcdl run: SIGINT, which ends the job), the second ends the job
-(SIGTERM to the launcher), a third kills the launcher and its ranks. The
-launcher dies with hpcdl (PR_SET_PDEATHSIG), as it did when it shared
-hpcdl's process group. After the job, Open MPI's shared-memory segments of
-this job (/dev/shm/vader_segment.*, 4 MiB a rank) that ranks killed before
-MPI_Finalize left behind are removed.
+For a command with a clean stop (hpcdl train: SIGUSR1, a stop at the next
+step boundary with a checkpoint when --checkpoint-dir is set) the launcher
+(mpirun, mpiexec, srun) runs in a process group of its own, so the
+terminal's Ctrl-C reaches hpcdl alone, which passes the first on as that
+signal; the second ends the job (SIGTERM to the launcher), a third kills the
+launcher and its ranks. That launcher dies with hpcdl (PR_SET_PDEATHSIG), as
+it did when it shared hpcdl's process group. `hpcdl run` keeps the launcher
+in the terminal's process group (so mpirun still forwards the terminal's
+input to rank 0): Ctrl-C ends the job as mpirun does, and hpcdl says it was
+interrupted (status 130). After the job, Open MPI's shared-memory segments
+of this job (/dev/shm/vader_segment.*, 4 MiB a rank) that ranks killed
+before MPI_Finalize left behind are removed.
 """
 import ctypes
 import glob
@@ -32,8 +34,10 @@ def _die_with_parent():
         pass
 
 
-def popen_options():
-    """Popen keyword arguments for the launcher."""
+def popen_options(detach):
+    """Popen keyword arguments for the launcher (detach: its own process group)."""
+    if not detach:
+        return {}
     return {"preexec_fn": _die_with_parent} if sys.platform.startswith("linux") else \
         {"start_new_session": True}
 
@@ -55,6 +59,8 @@ class Interrupts:
     """SIGINT handler while the launcher runs; count: Ctrl-Cs received."""
 
     def __init__(self, proc, first_as, who):
+        """first_as: the signal a first Ctrl-C becomes (the launcher runs
+        detached), or None (it shares the terminal's Ctrl-C and ends the job)."""
         self.proc, self.first_as, self.who, self.count = proc, first_as, who, 0
 
     def _say(self, text):
@@ -63,12 +69,15 @@ class Interrupts:
     def __call__(self, signum, frame):
         self.count += 1
         try:
-            if self.count == 1:
-                clean = self.first_as != signal.SIGINT
-                self._say("interrupted (Ctrl-C): %s; Ctrl-C again ends the job at once" % (
-                    "the ranks stop after the current step, with a checkpoint when "
-                    "--checkpoint-dir is set" if clean else "ending the job"))
+            if self.count == 1 and self.first_as is None:  # the launcher got it too
+                self._say("interrupted (Ctrl-C): the launcher ends the job")
+            elif self.count == 1:
+                self._say("interrupted (Ctrl-C): the ranks stop after the current step, with "
+                          "a checkpoint when --checkpoint-dir is set; Ctrl-C again ends the "
+                          "job at once")
                 self.proc.send_signal(self.first_as)
+            elif self.count == 2 and self.first_as is None:
+                pass  # mpirun's own second Ctrl-C
             elif self.count == 2:
                 self._say("Ctrl-C again: ending the job (SIGTERM to the launcher); once "
                           "more kills it")

@@ -315,9 +315,9 @@ def _allocation_ranks(n):
 # Signals a batch system or a user sends to this process (kill PID, scancel
 # --signal, a job's time limit) go on to the launcher, which hands them to the
 # ranks: mpirun and srun forward SIGUSR1/2 to them, while on SIGTERM Open MPI's
-# mpirun ends the job (SIGTERM to the ranks, SIGKILL 1 s later). The launcher
-# runs in a process group of its own: Ctrl-C (SIGINT) reaches hpcdl alone,
-# which passes it on as interrupt.py says.
+# mpirun ends the job (SIGTERM to the ranks, SIGKILL 1 s later). With term_as
+# (hpcdl train) the launcher runs in a process group of its own: Ctrl-C
+# (SIGINT) reaches hpcdl alone, which passes it on as interrupt.py says.
 FORWARDED = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
 
 
@@ -329,7 +329,7 @@ def _run(line, env=None, term_as=None, sieve=None):
     try:
         proc = subprocess.Popen(line, env=env,
                                 stderr=subprocess.PIPE if sieve is not None else None,
-                                **interrupt.popen_options())
+                                **interrupt.popen_options(detach=term_as is not None))
     except FileNotFoundError:
         raise UsageError("%s could not be started: not found" % line[0])
     reader = None
@@ -337,7 +337,7 @@ def _run(line, env=None, term_as=None, sieve=None):
         reader = threading.Thread(target=sieve.run, args=(proc.stderr,), daemon=True)
         reader.start()
     leftovers = interrupt.Leftovers(proc)
-    ctrl_c = interrupt.Interrupts(proc, term_as or signal.SIGINT, "hpcdl")
+    ctrl_c = interrupt.Interrupts(proc, term_as, "hpcdl")
     before_int = signal.signal(signal.SIGINT, ctrl_c)
 
     def forward(signum, frame):
