@@ -10,6 +10,7 @@ comm hooks, no_sync accumulation, unused parameters), FSDP2 fully_shard
 1F1B) against one process on the same global batch
 (torch_backend_models.py)."""
 import os
+import socket
 import subprocess
 import sys
 
@@ -136,3 +137,31 @@ def test_rank_and_size_must_be_mpis():
     r = run_python(1, WRONG_RANK)
     assert "refused: init_process_group('hpcdl'): torch was given rank 0 of 5 but MPI says " \
         "rank 0 of 1" in r.stdout, r.stdout
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["hpcdl", "gloo"])
+def test_with_master_addr_the_tcp_store_is_built_only_for_gloo(backend):
+    # as under hpcdl run: RANK, WORLD_SIZE, MASTER_ADDR/PORT set (for gloo users);
+    # the hpcdl backend never opens the store, so it makes no TCP connection
+    r = run_python(2, os.path.join(SCRIPTS, "torch_backend_rendezvous.py"),
+                   args=(backend, "torchrun-env"),
+                   env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+    built = "True" if backend == "gloo" else "False"
+    for rank in (0, 1):
+        line = "rank %d %s sum [3.0, 3.0, 3.0] store deferred built %s" % (rank, backend, built)
+        assert line in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+def test_gloo_without_master_addr_says_how_instead_of_waiting():
+    r = run_python(2, os.path.join(SCRIPTS, "torch_backend_rendezvous.py"), args=("gloo",),
+                   env={"MASTER_ADDR": "", "MASTER_PORT": ""})
+    assert r.stdout.count("refused:") == 2, r.stdout
+    assert "export MASTER_ADDR and MASTER_PORT" in r.stdout, r.stdout

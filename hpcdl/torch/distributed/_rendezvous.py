@@ -7,8 +7,12 @@ have already found each other through MPI, so hpcdl wraps that one handler
 (the only place hpcdl reaches into torch's rendezvous table; torch offers no
 other hook for the default init_method):
 
-- MASTER_ADDR and MASTER_PORT both set: torch's own handler, unchanged (a
-  TCPStore; gloo users under hpcdl run get this).
+- MASTER_ADDR and MASTER_PORT both set (hpcdl run sets them for gloo
+  users): rank and world size as torch reads them (the URL's query, else
+  RANK / WORLD_SIZE), and a DeferredStore: the TCPStore torch's handler
+  would build, built at the store's first use. gloo uses it at once; the
+  hpcdl backend never does, so under hpcdl run it opens no TCP port either.
+  Without RANK / WORLD_SIZE: torch's own handler and its error.
 - otherwise: hpcdl.comm.init() starts MPI; rank and world size come from
   MPI, and the store is a LocalStore, this process's own key-value table.
 
@@ -21,6 +25,7 @@ TORCH_DIST_INIT_BARRIER=1 (a store-based barrier) needs them too.
 import datetime
 import importlib
 import os
+from urllib.parse import urlparse
 
 import torch.distributed as dist
 
@@ -90,18 +95,157 @@ class LocalStore(dist.Store):
     def set_timeout(self, timeout):
         pass
 
+    # the extended API (gloo calls it; a Python store must name each method)
+    def has_extended_api(self):
+        return True
+
+    def append(self, key, value):
+        self._data[key] = self._data.get(key, b"") + self._bytes(value)
+
+    def multi_get(self, keys):
+        return [self.get(k) for k in keys]
+
+    def multi_set(self, keys, values):
+        for k, v in zip(keys, values):
+            self.set(k, v)
+
+    def list_keys(self):
+        return list(self._data)
+
+    def queue_push(self, key, value):
+        self._data.setdefault(key, []).append(self._bytes(value))
+
+    def queue_pop(self, key, block=True):
+        if not self._data.get(key):
+            raise self._missing(key)
+        return self._data[key].pop(0)
+
+    def queue_len(self, key):
+        return len(self._data.get(key, ()))
+
+
+class DeferredStore(dist.Store):
+    """Builds its real store (make()) at the first call that needs it and
+    passes every call on to it."""
+
+    def __init__(self, make):
+        super().__init__()
+        self._make, self._store, self._timeout = make, None, None
+
+    @property
+    def built(self):
+        return self._store is not None
+
+    def _real(self):
+        if self._store is None:
+            self._store = self._make()
+            if self._timeout is not None:
+                self._store.set_timeout(self._timeout)
+        return self._store
+
+    def set(self, key, value):
+        self._real().set(key, value)
+
+    def get(self, key):
+        return self._real().get(key)
+
+    def add(self, key, amount):
+        return self._real().add(key, amount)
+
+    def compare_set(self, key, expected, desired):
+        return self._real().compare_set(key, expected, desired)
+
+    def check(self, keys):
+        return self._real().check(keys)
+
+    def wait(self, keys, timeout=None):
+        if timeout is None:
+            return self._real().wait(keys)
+        return self._real().wait(keys, timeout)
+
+    def delete_key(self, key):
+        return self._real().delete_key(key)
+
+    def num_keys(self):
+        return self._real().num_keys()
+
+    def set_timeout(self, timeout):
+        self._timeout = timeout
+        if self._store is not None:
+            self._store.set_timeout(timeout)
+
+    # the extended API (gloo calls it; a Python store must name each method)
+    def has_extended_api(self):
+        return self._real().has_extended_api()
+
+    def append(self, key, value):
+        self._real().append(key, value)
+
+    def multi_get(self, keys):
+        return self._real().multi_get(keys)
+
+    def multi_set(self, keys, values):
+        self._real().multi_set(keys, values)
+
+    def list_keys(self):
+        return self._real().list_keys()
+
+    def queue_push(self, key, value):
+        self._real().queue_push(key, value)
+
+    def queue_pop(self, key, block=True):
+        return self._real().queue_pop(key, block)
+
+    def queue_len(self, key):
+        return self._real().queue_len(key)
+
+    def clone(self):
+        return self._real().clone()
+
+
+def _env_rank_size(url):
+    """(rank, world_size) where torch's env:// handler reads them, or None."""
+    query = dict(pair.split("=", 1) for pair in urlparse(url).query.split("&") if "=" in pair)
+    rank = query.get("rank", os.environ.get("RANK", ""))
+    size = query.get("world_size", os.environ.get("WORLD_SIZE", ""))
+    if not (rank.isdigit() and size.isdigit()):
+        return None
+    return int(rank), int(size)
+
+
+LAST_DEFERRED = None  # the latest DeferredStore (tests ask whether it was built)
+# Every store handed to torch stays referenced here: torch keeps only the C++
+# half (inside a PrefixStore); once the Python object is collected, calls no
+# longer reach its methods (torch then raises 'Not implemented').
+_STORES = []
+
+
+def _deferred_tcp(url, rank, size, timeout, kwargs):
+    global LAST_DEFERRED
+
+    def make():
+        return next(_ORIGINAL_ENV(url, timeout=timeout, **kwargs))[0]
+    LAST_DEFERRED = DeferredStore(make)
+    _STORES.append(LAST_DEFERRED)
+    yield LAST_DEFERRED, rank, size
+    raise RuntimeError("hpcdl's env:// rendezvous cannot re-rendezvous (restart the job)")
+
 
 def _mpi_rendezvous(url, timeout=None, **kwargs):
     """A torch rendezvous handler: yields (store, rank, world_size) from MPI."""
     from ... import comm  # MPI starts here, at init_process_group, not at import
     world = comm.init()
-    yield LocalStore(world.rank), world.rank, world.size
+    _STORES.append(LocalStore(world.rank))
+    yield _STORES[-1], world.rank, world.size
     raise RuntimeError("hpcdl's MPI rendezvous cannot re-rendezvous (restart the job)")
 
 
 def _env_or_mpi(url, timeout=datetime.timedelta(minutes=30), **kwargs):
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        return _ORIGINAL_ENV(url, timeout=timeout, **kwargs)
+        where = _env_rank_size(url)
+        if where is None:
+            return _ORIGINAL_ENV(url, timeout=timeout, **kwargs)
+        return _deferred_tcp(url, where[0], where[1], timeout, kwargs)
     return _mpi_rendezvous(url, timeout=timeout, **kwargs)
 
 
