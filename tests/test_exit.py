@@ -14,14 +14,16 @@ FAST_HEARTBEAT = {"HPCDL_STALL_CHECK_TIME_SECONDS": "0.2"}  # a heartbeat every 
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n,sets", [(4, ["0,2"]), (3, ["0,1", "1,2"])])
-def test_process_sets_left_at_exit(n, sets):
+@pytest.mark.parametrize("n,sets,mode", [(4, ["0,2"], "sets"), (3, ["0,1", "1,2"], "sets"),
+                                         (3, ["0,2"], "finalize")])
+def test_process_sets_left_at_exit(n, sets, mode):
     """No hvd.shutdown(): the sets' engine and stall threads must stop before
     MPI_Finalize. Before the fix, with this heartbeat, 5 of 5 launches of the
     4-rank case failed ('MPI_Allgather() ... called after MPI_FINALIZE', or a
-    segfault, rc 139). Three launches each, so a rare race still shows."""
+    segfault, rc 139). Three launches each, so a rare race still shows.
+    "finalize": the script calls MPI.Finalize() itself (failed 2 of 2 ranks)."""
     for _ in range(3):
-        r = run_python(n, SCRIPT, args=["sets", *sets], check=False, timeout=90,
+        r = run_python(n, SCRIPT, args=[mode, *sets], check=False, timeout=90,
                        env=FAST_HEARTBEAT)
         assert r.returncode == 0, r.stdout
         assert r.stdout.count("EXIT OK") == n, r.stdout

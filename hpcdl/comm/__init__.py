@@ -109,6 +109,7 @@ def init(comm=None, local_size=None):
     if _world.size > 1 and os.environ.get("HPCDL_ABORT_ON_EXCEPTION", "1") != "0":
         sys.excepthook = _abort_on_exception
     atexit.register(_shutdown_at_exit)
+    _shutdown_before_finalize(MPI)
     if provided != MPI.THREAD_MULTIPLE and _world.rank == 0:
         warn("MPI granted thread level %r, not MPI_THREAD_MULTIPLE: async collectives take "
              "turns with the caller's thread and overlap less. Fix: let hpcdl start MPI (no "
@@ -140,6 +141,21 @@ def _shutdown_at_exit():
         shutdown()
     except Exception as e:  # exit must go on
         warn("shutdown at exit failed: %s" % e)
+
+
+def _shutdown_before_finalize(MPI):
+    """A script's own MPI.Finalize() (mpi4py) shuts hpcdl down first, as the
+    shutdown at exit does before mpi4py's: the engine and stall inspector
+    threads, and process sets' communicators, must not outlive MPI."""
+    if getattr(MPI.Finalize, "_hpcdl", False):
+        return
+    finalize = MPI.Finalize
+
+    def shutdown_then_finalize():
+        _shutdown_at_exit()
+        return finalize()
+    shutdown_then_finalize._hpcdl = True
+    MPI.Finalize = shutdown_then_finalize
 
 
 def is_initialized():

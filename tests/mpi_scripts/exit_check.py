@@ -6,6 +6,8 @@ argv[1] = "sets": registers process sets (argv[2:]: comma-separated ranks,
     engine and stall inspector threads before mpi4py's MPI_Finalize (with
     HPCDL_STALL_CHECK_TIME_SECONDS=0.2 a heartbeat every 50 ms makes a
     late thread meet the finalized MPI almost every run). Prints 'EXIT OK'.
+argv[1] = "finalize": like "sets", ending with the script's own MPI.Finalize()
+    (mpi4py): hpcdl must shut down before it.
 argv[1] = "early": rank argv[2] skips the second all-reduce and returns
     normally (its hpcdl shuts down at exit); the others wait in it. The job
     must end within seconds, naming that rank, not at the stall shutdown time.
@@ -24,7 +26,7 @@ mode = sys.argv[1]
 hvd.init()
 x = torch.arange(8, dtype=torch.float32) + hvd.rank()
 hvd.allreduce(x, op=hvd.Sum, name="first")
-if mode == "sets":
+if mode in ("sets", "finalize"):
     for spec in sys.argv[2:]:
         ps = hvd.add_process_set([int(r) for r in spec.split(",")])
         if ps.included():
@@ -33,6 +35,9 @@ if mode == "sets":
             assert torch.equal(y, want), (ps, y)
     hvd.allreduce(x, op=hvd.Sum, name="last")
     print("EXIT OK rank %d" % hvd.rank(), flush=True)
+    if mode == "finalize":
+        from mpi4py import MPI
+        MPI.Finalize()
 elif mode in ("early", "early_async", "early_barrier"):
     leaver = int(sys.argv[2])
     if hvd.rank() == leaver:
