@@ -97,3 +97,15 @@ def test_no_abbreviations_anywhere():
     r = subprocess.run(HPCDL + ["train", "--lr-sc", "linear"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "unrecognized arguments: --lr-sc linear" in r.stderr
+
+
+def test_bench_cuda_without_a_gpu_is_refused_before_launch():
+    """Issue 32 item 7: it was refused only after launch (twice, plus a banner)."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = hpcdl("bench", "allreduce", "-n", "2", "--device", "cuda")
+    assert r.returncode == 2 and "hpcdl run:" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "hpcdl: error: --device cuda: torch sees no GPU here (run on a GPU node, or use "
+        "--device cpu)"], r.stderr

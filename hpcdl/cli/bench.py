@@ -107,8 +107,13 @@ def run_allreduce(args):
     opts = allreduce_options(args)
     from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
-        return launcher.launch(args.n, allreduce_argv(args),
-                               **launcher.launch_options(args))
+        options = launcher.launch_options(args)
+        if not options["hosts"] and not launcher.inside_slurm_allocation():
+            from ..bench import device  # the ranks run here: refuse before launching
+            problem = device.unavailable(args.device)
+            if problem:
+                raise UsageError(problem)
+        return launcher.launch(args.n, allreduce_argv(args), **options)
     from ..bench import allreduce
     return _abort_on_error(allreduce.run, opts)
 
