@@ -20,7 +20,6 @@ timed out.
 import argparse
 import ast
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 from hpcdl.cli.run import mpirun_command  # noqa: E402 - after the path is set
+
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import hang_guard  # noqa: E402 - timeouts of full-speed seconds, as in the suite
 
 IMPORT_LINE = "import horovod.torch as hvd"
 
@@ -123,10 +125,10 @@ def run_one(path, name, ranks, timeout, log_dir, hpcdl_dir):
                             stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=os.path.dirname(path), start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, _ = hang_guard.communicate(proc, timeout=timeout)
         result = outcome(out, proc.returncode)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        hang_guard.kill_job(proc.pid)  # mpirun and every rank
         out, _ = proc.communicate()
         result = "TIMEOUT"
     if log_dir:
@@ -142,7 +144,8 @@ def main():
                    "of --repo (for a machine without git or network)")
     p.add_argument("--rev", default="v0.28.1", help="tag or commit (default v0.28.1)")
     p.add_argument("-n", "--ranks", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=60, help="seconds per test (60)")
+    p.add_argument("--timeout", type=float, default=60,
+                   help="seconds of full-speed time per test (60; tests/hang_guard.py)")
     p.add_argument("-j", "--jobs", type=int, default=1, help="tests run at once (1)")
     p.add_argument("-k", default=None, help="only tests whose name contains this")
     p.add_argument("--log", default=None, help="folder for each test's output")
