@@ -10,7 +10,8 @@ average, and the smoothed estimate (hpcdl.optim.noise_scale.Smoothed). The
 optimizer's opt.noise_scale(batch_size=b) must equal it (relative TOL), be the
 same on every rank bit for bit, and be None before the first step.
 Cases: ZeRO stages 0, 1, 2 (several buckets), 2 backward passes, fp16-style
-loss scaling with a skipped step, and bad arguments (one-line errors).
+loss scaling with a skipped step, a process set (3+ ranks), frozen weights
+against the offline estimate, and bad arguments (one-line errors).
 Prints 'CASE <name> ok' per case; exits non-zero on the first failure."""
 import copy
 import math
@@ -154,6 +155,45 @@ def frozen_against_offline(steps=40, b=8):
           % (R, online.b_simple, offline.b_simple, offline.steps), flush=True)
 
 
+def process_set_case():
+    """On a process set of ranks 0 and 1 (of 3+): N is the set's size, the estimate
+    the members' own (one process's from their gradients); None outside the set."""
+    if N < 3:
+        print("[rank %d] CASE process-set skipped: needs 3+ ranks" % R, flush=True)
+        return
+    ps = hvd.add_process_set([0, 1])
+    member = R in (0, 1)
+    model, xs, ys = model_and_data(9)
+    mirror = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2),
+                                   named_parameters=model.named_parameters(), process_set=ps,
+                                   noise_scale=BETA)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    ref = Smoothed(BETA)
+    for s in range(STEPS):
+        mirror.load_state_dict(model.state_dict())
+        local = flat_local_grad(mirror, xs[s], ys[s], 1)
+        opt.zero_grad()
+        F.cross_entropy(model(xs[s][0]), ys[s][0]).backward()
+        opt.step()
+        every = torch.stack([g for g in hvd.allgather_object(local if member else None)
+                             if g is not None])
+        big = every.mean(0)
+        ref.add(float((every ** 2).sum(1).mean()), float(big.dot(big)), 2)
+        got, want = opt.noise_scale(batch_size=B), ref.result(B)
+        if not member:
+            assert got is None, "rank %d outside the set: %s" % (R, got)
+            continue
+        assert got.steps == want.steps == s + 1
+        for name in ("b_simple", "grad_sqr", "grad_var"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert math.isclose(a, b, rel_tol=TOL), "process set step %d: %s %r, want %r" \
+                % (s, name, a, b)
+    hvd.remove_process_set(ps)
+    print("[rank %d] CASE process-set ok (%s)" % (R, "member" if member else "outside"),
+          flush=True)
+
+
 def expect_error(what, fn, exc, text):
     try:
         fn()
@@ -194,7 +234,8 @@ def bad_arguments():
 
 
 if __name__ == "__main__":
-    cases = sys.argv[1:] or ["stage0", "stage1", "stage2", "passes", "scaled", "frozen", "bad"]
+    cases = sys.argv[1:] or ["stage0", "stage1", "stage2", "passes", "scaled", "pset", "frozen",
+                             "bad"]
     if "stage0" in cases:
         plain = run_case("stage0")
     if "stage1" in cases:
@@ -212,6 +253,8 @@ if __name__ == "__main__":
         check_equal(b, a, "scaled vs unscaled")
         run_case("scaled-stage2", stage=2, scale=256.0, skip=(2,))
         print("[rank %d] CASE scaled-equals-unscaled ok" % R, flush=True)
+    if "pset" in cases:
+        process_set_case()
     if "frozen" in cases:
         frozen_against_offline()
     if "bad" in cases:
