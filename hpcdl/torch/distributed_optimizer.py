@@ -44,5 +44,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,  # 
     else:
         opt = DataParallelOptimizer(optimizer, named_parameters, process_set, **options)
     if beta is not None and opt.reducer.comm is not None:  # on the Reducer's stats seam
-        opt._noise = _noise.attach(opt.reducer, beta, blocks=stage == 2)
+        opt.noise_meter = _noise.attach(opt.reducer, beta, blocks=stage == 2)
     return opt

@@ -146,6 +146,11 @@ class DataParallelOptimizer(OptimizerWrapper):
         it), or None without noise_scale=True."""
         return self._noise
 
+    @noise_meter.setter
+    def noise_meter(self, meter):
+        """Set by hvd.DistributedOptimizer(noise_scale=True) (distributed_optimizer.py)."""
+        self._noise = meter
+
     def set_loss_scale(self, scale):
         """fp16 loss scaling: the factor this step's loss was multiplied by.
         Only the noise scale reads it (its squared norms are divided by
