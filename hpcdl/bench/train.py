@@ -108,11 +108,8 @@ def make_hpcdl(opts, windows, noise_scale=False):
         opt.step()
 
     def quiet_step(x, y):
-        tl, timeline._active = timeline._active, None
-        try:
+        with timeline.paused():
             step(x, y)
-        finally:
-            timeline._active = tl
     return Impl("hpcdl+noise" if noise_scale else "hpcdl", model,
                 quiet_step if noise_scale else step, opt)
 

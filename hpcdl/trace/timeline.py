@@ -14,6 +14,7 @@ HPCDL_TIMELINE each rank writes its own events at exit (rank r > 0 to
 trace.rank<r>.json), since exit is no place for collectives.
 """
 import atexit
+import contextlib
 import json
 import os
 
@@ -87,6 +88,18 @@ def start_timeline(path, mark_cycles=False):
     global _active
     _active = Timeline(path)
     return _active
+
+
+@contextlib.contextmanager
+def paused():
+    """Nothing is recorded inside (the active timeline is set aside, then put
+    back): for steps a measurement wants out of it."""
+    global _active
+    tl, _active = _active, None
+    try:
+        yield
+    finally:
+        _active = tl
 
 
 def stop_timeline():
