@@ -1,6 +1,6 @@
 """hpcdl.torch.distributed - hpcdl as a torch.distributed backend.
 
-    import hpcdl.torch                        # registers backend "hpcdl"; starts no MPI
+    import hpcdl.torch                        # registers backend "hpcdl" (and starts MPI)
     import torch.distributed as dist
     dist.init_process_group("hpcdl")          # was "gloo"; MPI is the rendezvous
     model = DDP(model)                        # DDP, all_reduce, all_gather, ... on hpcdl
@@ -9,8 +9,10 @@ Run under `hpcdl run -n 4 -- python train.py`, mpirun or srun; no
 MASTER_ADDR/MASTER_PORT needed (_rendezvous.py says how). Also as
 "cpu:hpcdl,cuda:hpcdl". What works and what not yet: docs/torch_distributed.md.
 
-Registering only records a creator with torch; MPI starts in the rendezvous
-or in the creator (hpcdl.comm.init()), when init_process_group is called.
+Registering only records a creator with torch and starts nothing; hpcdl.comm
+is initialised (hpcdl.comm.init()) in the rendezvous or in the creator, when
+init_process_group is called. MPI itself is already up: importing hpcdl.torch
+starts it (its error classes derive from the core's).
 """
 import sys
 

@@ -233,7 +233,7 @@ def _deferred_tcp(url, rank, size, timeout, kwargs):
 
 def _mpi_rendezvous(url, timeout=None, **kwargs):
     """A torch rendezvous handler: yields (store, rank, world_size) from MPI."""
-    from ... import comm  # MPI starts here, at init_process_group, not at import
+    from ... import comm  # hpcdl.comm starts here, at init_process_group
     world = comm.init()
     _STORES.append(LocalStore(world.rank))
     yield _STORES[-1], world.rank, world.size
