@@ -115,7 +115,7 @@ def run_allreduce(args):
                 raise UsageError(problem)
         return launcher.launch(args.n, allreduce_argv(args), **options)
     from ..bench import allreduce
-    return _abort_on_error(allreduce.run, opts)
+    return abort_on_error(allreduce.run, opts)
 
 
 # ----------------------------------------------------------------------------
@@ -184,13 +184,13 @@ def run_train(args):
         argv += ["--noise-scale"] if args.noise_scale else []
         return launcher.launch(args.n, argv, **launcher.launch_options(args))
     if args.zero is not None:
-        return _abort_on_error(*zero_options(args, stages))
+        return abort_on_error(*zero_options(args, stages))
     from ..bench import train
     opts = train.Options(model=args.model, steps=args.steps, warmup=args.warmup,
                          batch=args.batch, threads=args.threads, repeats=args.repeats,
                          json=args.json, fusion_mb=args.fusion_mb,
                          noise_scale=args.noise_scale)
-    return _abort_on_error(train.run, opts)
+    return abort_on_error(train.run, opts)
 
 
 def _zero_stages(text):
@@ -214,7 +214,7 @@ def zero_options(args, stages):
                                   repeats=args.repeats, json=args.json)
 
 
-def _abort_on_error(run, opts):
+def abort_on_error(run, opts):
     """run(opts), but an exception on one rank aborts the whole job (with the
     traceback, prefixed by the rank) instead of leaving the others waiting in
     a collective."""

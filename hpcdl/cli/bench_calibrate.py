@@ -84,5 +84,5 @@ def run_calibrate(args):
         calibrate.check_ranks(MPI.COMM_WORLD.size)
     except ValueError as e:
         raise UsageError(str(e))
-    from .bench import _abort_on_error
-    return _abort_on_error(calibrate.run, opts)
+    from .bench import abort_on_error
+    return abort_on_error(calibrate.run, opts)

@@ -105,5 +105,5 @@ def run(args):
             argv += ["--" + flag.replace("_", "-"), str(value)] if value is not None else []
         return launcher.launch(args.n, argv, **launcher.launch_options(args))
     from ..bench import large_batch
-    from .bench import _abort_on_error
-    return _abort_on_error(large_batch.run, opts)
+    from .bench import abort_on_error
+    return abort_on_error(large_batch.run, opts)
