@@ -66,7 +66,7 @@ class LAMB(torch.optim.Optimizer):
                                "(or --zero 0)")
         return step_each(self, closure)
 
-    def _update(self, p, group):
+    def update_one(self, p, group):
         g = p.grad
         if g.is_sparse:
             raise RuntimeError("LAMB does not support sparse gradients")

@@ -40,7 +40,7 @@ def trust_ratio(w, g, weight_decay, trust_coefficient, eps, norms=None):
 
 def step_each(optimizer, closure):
     """optimizer.step() of a per-tensor rule: the closure's loss (with grad
-    enabled), then optimizer._update(p, group) for every p with a gradient."""
+    enabled), then optimizer.update_one(p, group) for every p with a gradient."""
     loss = None
     if closure is not None:
         with torch.enable_grad():
@@ -48,7 +48,7 @@ def step_each(optimizer, closure):
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.grad is not None:
-                optimizer._update(p, group)
+                optimizer.update_one(p, group)
     return loss
 
 
@@ -91,7 +91,7 @@ class LARS(torch.optim.Optimizer):
     def step(self, closure=None):
         return step_each(self, closure)
 
-    def _update(self, p, group):
+    def update_one(self, p, group):
         g, wd, momentum = p.grad, group["weight_decay"], group["momentum"]
         if g.is_sparse:
             raise RuntimeError("LARS does not support sparse gradients")
