@@ -95,3 +95,10 @@ def test_study_runs_end_to_end_on_two_ranks(tmp_path):
         assert row["final_acc"] == run["epochs"][-1]["test_accuracy"]
         assert len(run["epochs"]) == 2 and run["epochs"][-1]["step"] == 2 * (1437 // row["batch"])
     assert (tmp_path / "lb.png").stat().st_size > 0
+
+
+def test_median_b_simple_skips_epochs_without_an_estimate():
+    recs = [dict(b_simple=v) for v in (400, None, 900, 100)] + [dict()]
+    assert lb.median_b_simple(recs) == 400
+    assert lb.median_b_simple(recs[:3]) == 650
+    assert lb.median_b_simple([dict(b_simple=None)]) is None

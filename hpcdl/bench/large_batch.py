@@ -3,7 +3,8 @@ command. For every recipe x global batch x seed it trains the same model on
 the same data for the same epoch budget (hpcdl.train, all ranks together,
 one run after another in this job), then reports per batch x recipe the
 final and best test accuracy (mean over seeds), the steps and training time
-to the target, and the gradient noise scale B_simple the run measured.
+to the target, and the gradient noise scale B_simple the run measured (the
+median of its per-epoch values; meaningless for a run that diverged).
 
 The target is A0 - --target-drop, where A0 is the baseline's mean final
 accuracy (by default the first recipe at the smallest batch), unless
@@ -96,6 +97,17 @@ def mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+def median_b_simple(epochs):
+    """The median of a run's per-epoch B_simple (None where an epoch had no
+    estimate): one number for a quantity that grows while the model learns
+    and is noisy near convergence, where |G|^2 is small."""
+    values = sorted(e["b_simple"] for e in epochs if e.get("b_simple") is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
 def summarize(runs, target):
     """Rows per recipe x batch (means over seeds) from the runs' records."""
     rows = []
@@ -115,7 +127,7 @@ def summarize(runs, target):
                 else None,
                 train_s=mean([sum(e.get("epoch_time_s", 0.0) for e in r["epochs"])
                               for r in mine]),
-                b_simple=mean([r["epochs"][-1].get("b_simple") for r in mine]),
+                b_simple=mean([median_b_simple(r["epochs"]) for r in mine]),
                 diverged=sum(1 for r in mine if not all(
                     math.isfinite(e["loss"]) for e in r["epochs"]))))
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
@@ -230,7 +242,7 @@ def plot(rows, target, path):
             continue
         steps.plot(*zip(*pts), marker="o", color=line.get_color(), label=recipe)
         b0, s0 = pts[0]
-        bs = [r["batch"] for r in mine]
+        bs = [r["batch"] for r in mine if r["batch"] >= b0]
         steps.plot(bs, [s0 * b0 / b for b in bs], ls=":", color=line.get_color(), lw=0.8)
         if mine[0]["fit_s_min"]:
             s_min, b_noise = mine[0]["fit_s_min"], mine[0]["fit_b_noise"]
