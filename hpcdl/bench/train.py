@@ -224,7 +224,7 @@ def one_pass(opts, data, gloo_ok, mpi):
         return mpi.allreduce(max_param_diff(impls[0].model, impls[1].model), op=MPI.MAX)
     times = interleaved(opts, impls, data, mpi,
                         after_first=(lambda: first.append(diff())) if gloo_ok else None)
-    timeline._active = None
+    timeline.discard()
     hidden = hidden_fractions(tl, windows[opts.warmup:], mpi)
     out = {}
     for impl in impls:

@@ -90,6 +90,13 @@ def start_timeline(path, mark_cycles=False):
     return _active
 
 
+def discard():
+    """Stops recording without writing anything (not collective); the events
+    stay in the Timeline object start_timeline() returned."""
+    global _active
+    _active = None
+
+
 @contextlib.contextmanager
 def paused():
     """Nothing is recorded inside (the active timeline is set aside, then put
