@@ -28,8 +28,9 @@ from .errors import ConfigError  # noqa: F401 - raised here, importable from her
 
 OPTIMIZERS = ("sgd", "lars", "larc", "adam", "lamb")
 RECIPES = ("plain", "goyal", "lars", "lamb")
-RECIPE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "configs", "recipes")
+# package data, so an installed hpcdl has them; configs/recipes links here
+RECIPE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "recipes")
 SCHEDULES = ("constant", "step", "poly", "cosine")
 LR_SCALING = ("none", "linear", "sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
