@@ -24,8 +24,13 @@ class Reporter:
         self.metrics = None
         if self.lead and cfg.out:
             os.makedirs(cfg.out, exist_ok=True)
+            if not resumed:
+                keep_earlier_run(cfg.out)
             # a resumed run continues the file; a fresh one starts it over
             self.metrics = open(os.path.join(cfg.out, "metrics.jsonl"), "a" if resumed else "w")
+        elif self.lead:
+            comm.print0("hpcdl train: no --out given: metrics.jsonl, summary.json, curves.png "
+                        "and model.pt are not written (give --out DIR to keep them)")
         self.bar = None
         self._last_plain = 0.0
 
@@ -91,6 +96,26 @@ class Reporter:
         torch.save(model.state_dict(), os.path.join(self.cfg.out, "model.pt"))
         plot_curves(os.path.join(self.cfg.out, "metrics.jsonl"),
                     os.path.join(self.cfg.out, "curves.png"))
+
+
+RUN_FILES = ("metrics.jsonl", "summary.json", "curves.png", "model.pt")
+
+
+def keep_earlier_run(out):
+    """A fresh run into an --out that holds an earlier run's files moves them
+    into out/earlier-<time of its metrics>/ and says so, instead of silently
+    writing over them."""
+    found = [f for f in RUN_FILES if os.path.exists(os.path.join(out, f))]
+    if not found:
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(
+        os.path.getmtime(os.path.join(out, found[0]))))
+    keep = os.path.join(out, "earlier-" + stamp)
+    os.makedirs(keep, exist_ok=True)
+    for f in found:
+        os.replace(os.path.join(out, f), os.path.join(keep, f))
+    comm.print0("hpcdl train: %s held an earlier run; its %s moved to %s"
+                % (out, ", ".join(found), keep))
 
 
 def target_text(summary):
