@@ -177,6 +177,8 @@ def test_bench_zero_rows_and_bytes(tmp_path):
            "model='tiny', steps=2, warmup=1, batch=4, json=%r)))" % str(out))
     r = run_python(2, src, timeout=120)
     assert "#wrong 0" in r.stdout and "OK" in r.stdout, r.stdout
+    # progress while it runs (issue 32 item 7: 4.5 minutes used to pass in silence)
+    assert "# repeat 1/1 done in" in r.stdout and "#   built hpcdl-zero3" in r.stdout, r.stdout
     rows = {row["impl"]: row for row in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"hpcdl-zero0", "hpcdl-zero1", "hpcdl-zero2", "hpcdl-zero3",
                          "torch-ddp", "torch-zero1", "torch-fsdp2-noreshard", "torch-fsdp2"}

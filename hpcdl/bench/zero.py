@@ -27,6 +27,7 @@ import dataclasses
 import gc
 import os
 import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -201,6 +202,7 @@ def build_all(opts, gloo_ok, data, mpi):
     for build in makers(opts, gloo_ok, mpi.size):
         before = rss_bytes()
         impl = build()
+        comm.print0("#   built %s, %d warm-up step(s)" % (impl.name, opts.warmup))
         for x, y in data[:opts.warmup]:
             impl.step(x, y)
         impl.rss_added = mpi.allreduce(rss_bytes() - before, op=MPI.MAX)
@@ -310,7 +312,13 @@ def run(opts):
                                     opts.steps, opts.warmup, opts.repeats))
     if err is not None:
         say("# gloo unavailable, PyTorch rows left out: %s" % err)
-    reps = [one_pass(opts, err is None, data, mpi) for _ in range(opts.repeats)]
+    reps = []
+    for rep in range(opts.repeats):  # progress: a pass takes minutes for large models
+        t0 = time.perf_counter()
+        say("# repeat %d/%d: building the implementations, then %d interleaved timed steps"
+            % (rep + 1, opts.repeats, opts.steps))
+        reps.append(one_pass(opts, err is None, data, mpi))
+        say("# repeat %d/%d done in %.0f s" % (rep + 1, opts.repeats, time.perf_counter() - t0))
     rows = summarize(reps)
     print_table(rows, say)
     peak_rss = mpi.allreduce(_peak_rss(), op=MPI.MAX)
