@@ -131,7 +131,7 @@ def test_build_mlp_unchanged_and_on_images():
 
 
 def test_build_unknown_name_lists_all():
-    with pytest.raises(ValueError, match="mlp, resnet18, resnet50"):
+    with pytest.raises(ValueError, match="mlp, cnn1d, resnet18, resnet50"):
         models.build("vgg16", (3, 32, 32), 10)
 
 
