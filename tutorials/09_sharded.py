@@ -182,7 +182,7 @@ for stage in (0, 1, 2, 3):
         params, grads = shards.param_bytes()["shard"], nbytes(p.grad for p in m.parameters())
         shards.unshard()  # the whole model on every rank, to compare
     elif stage == 2:  # the averaged gradient lives only as this rank's blocks
-        params, grads = nbytes(m.parameters()), nbytes(s.grad for s in opt._zero.shards)
+        params, grads = nbytes(m.parameters()), nbytes(opt.grad_shards())
     else:
         params, grads = nbytes(m.parameters()), nbytes(p.grad for p in m.parameters())
     held[stage] = (params, grads, state_bytes(opt))
