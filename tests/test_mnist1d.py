@@ -290,3 +290,22 @@ def test_shards_of_mnist1d_hold_the_cached_arrays_and_train(tmp_path, monkeypatc
     assert r.returncode == 0, r.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["test_accuracy"] > 0.3, summary
+
+
+@pytest.mark.mpi
+def test_ranks_generate_a_missing_cache_themselves(tmp_path):
+    """Inside MPI ranks (a script or tutorial started by mpirun, not by
+    `hpcdl train -n`), one rank generates the missing chunks in-process while
+    the other waits on the lock; a process pool there failed to start under
+    Open MPI (BrokenProcessPool). Both ranks then hold the same arrays."""
+    src = ("import hashlib; from hpcdl import comm; from hpcdl.data import mnist1d as m; "
+           "comm.init(); d = m.load(10000); "
+           "h = hashlib.sha256(d['x_train'].tobytes() + d['x_test'].tobytes()).hexdigest(); "
+           "print('digest', comm.rank(), h, d['x_train'].shape[0], m.default_workers())")
+    r = run_mpi(2, [sys.executable, "-c", src], timeout=180,
+                env={"HPCDL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stdout[-3000:]
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("digest")]
+    assert sorted(int(x[1]) for x in rows) == [0, 1], r.stdout[-3000:]
+    assert len({x[2] for x in rows}) == 1 and {x[3] for x in rows} == {"8000"}
+    assert {x[4] for x in rows} == {"1"}  # in-process inside a rank

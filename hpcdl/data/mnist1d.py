@@ -197,6 +197,13 @@ def _clock(seconds):
 
 
 def default_workers():
+    """CPUs to generate with: 1 inside an MPI rank, whose child processes
+    inherit its launcher's environment and fail to start under Open MPI
+    (orte_init: BrokenProcessPool; the launcher, `hpcdl train -n N`,
+    generates with every CPU before the ranks start)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return 1
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
