@@ -92,11 +92,21 @@ def check_configs(opts):
                 raise UsageError("recipe %s, batch %d: %s" % (recipe, batch, e))
 
 
+def prepare_data(spec):
+    from ..train import ConfigError
+    from ..train.data import prepare
+    try:
+        prepare(spec)
+    except ConfigError as e:
+        raise UsageError(str(e))
+
+
 def run(args):
     opts = options(args)
     check_configs(opts)
     from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
+        prepare_data(opts.data)  # generated data (MNIST-1D): once, here, with every CPU
         argv = [sys.executable, "-m", "hpcdl", "bench", "large-batch"]
         for flag in ("batches", "recipes", "seeds", "epochs", "data", "model",
                      "warmup_epochs", "target",
