@@ -110,6 +110,18 @@ def test_config_check_says_what_to_change(changes, message):
     (["--model", "resnet"], "unknown model"),
     (["--data", "mnist"], "--data mnist: no such directory"),
     (["-n", "0"], "-n must be at least 1"),
+    # the recipe's options (tests/test_recipes.py)
+    (["--recipe", "fast"], "unknown recipe 'fast'; use --recipe with one of: plain, goyal, "
+                           "lars, lamb"),
+    (["--recipe", "goyal", "--epochs", "3"], "--warmup-epochs 5 must be between 0 and "
+                                             "--epochs 3"),
+    (["--label-smoothing", "1.5"], "--label-smoothing 1.5 must be in [0, 1)"),
+    (["--target-accuracy", "1.01"], "--target-accuracy 1.01 must be in (0, 1]"),
+    (["--target-accuracy", "0"], "--target-accuracy 0 must be in (0, 1]"),
+    (["--optimizer", "lamb", "--zero", "1"], "--optimizer lamb needs --zero 0"),
+    (["--mode", "ps-bsp", "--label-smoothing", "0.1"], "--label-smoothing is not supported "
+                                                       "with --mode ps-bsp"),
+    (["--weight-decay", "-0.1"], "--weight-decay -0.1 is negative"),
 ])
 def test_bad_options_fail_before_launching(args, message, capsys, monkeypatch):
     monkeypatch.setattr("hpcdl.cli.run.launch", lambda *a, **k: pytest.fail("launched"))
