@@ -43,7 +43,30 @@ def uninterrupted(tmp_path_factory):
 def _start_then_signal(out, ckpt, signum, rank_index, recipe=RECIPE):
     """Starts the recipe on 2 ranks; once epoch 1 is reported, sends signum to
     one rank process, or (rank_index None) to `hpcdl train -n 2` itself, the
-    launching process. Returns (exit code, output)."""
+    launching process. Returns (exit code, output). On a busy machine the 8
+    short epochs can end before the signal lands (then the rank says so and
+    exits 0): the ranks are held with SIGSTOP while it is sent, and a run that
+    still completed first is tried once more."""
+    for attempt in (1, 2):
+        code, text = _one_signalled_run(out, ckpt, signum, rank_index, recipe)
+        if "arrived outside the training loop" not in text or attempt == 2:
+            return code, text
+        for path in (out, ckpt):  # the run completed before the signal: start afresh
+            subprocess.run(["rm", "-rf", str(path)], check=True)
+
+
+def _children(pid):
+    return sorted(map(int, subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                                          text=True).stdout.split()))
+
+
+def _rank_pids(launcher, via_hpcdl):
+    """The rank processes: mpirun's children (mpirun is `hpcdl train -n`'s child)."""
+    mpiruns = _children(launcher.pid) if via_hpcdl else [launcher.pid]
+    return _children(mpiruns[0]) if mpiruns else []
+
+
+def _one_signalled_run(out, ckpt, signum, rank_index, recipe):
     args = recipe + ["--out", str(out), "--checkpoint-dir", str(ckpt)]
     line = mpirun_command(2, TRAIN + args) if rank_index is not None else \
         TRAIN + ["-n", "2"] + args
@@ -51,16 +74,20 @@ def _start_then_signal(out, ckpt, signum, rank_index, recipe=RECIPE):
                             env=mpi_env(), cwd=REPO, start_new_session=True)
     try:
         clock = hang_guard.Clock(120)
+        ranks = []
         while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
             assert not clock.expired() and proc.poll() is None, "no epoch reported"
+            if len(ranks) != 2:  # found during setup, so that holding them below is instant
+                ranks = _rank_pids(proc, rank_index is None)
             time.sleep(0.05)
-        if rank_index is None:
-            os.kill(proc.pid, signum)
-        else:
-            ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                   text=True).stdout.split()
-            assert len(ranks) == 2, ranks
-            os.kill(int(sorted(ranks, key=int)[rank_index]), signum)
+        assert len(ranks) == 2, ranks
+        _each(ranks, signal.SIGSTOP)
+        try:
+            os.kill(proc.pid if rank_index is None else ranks[rank_index], signum)
+            if rank_index is None:  # the launcher passes it on to the held ranks
+                time.sleep(0.5)
+        finally:
+            _each(ranks, signal.SIGCONT)
         out_text, _ = proc.communicate(timeout=120)
         left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True,
                               text=True).stdout.split()
@@ -73,6 +100,14 @@ def _start_then_signal(out, ckpt, signum, rank_index, recipe=RECIPE):
         if proc.poll() is None:
             proc.communicate()
     return proc.returncode, out_text
+
+
+def _each(pids, signum):
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:  # that rank has already exited
+            pass
 
 
 @pytest.mark.mpi

@@ -190,6 +190,8 @@ def run(args):
         return launch(n, cmd, term_as=signal.SIGUSR1, **launch_options(args))
     _check(cfg, None, on_rank=True)  # before MPI starts: this rank's node may see other files
     from .. import comm, train
+    from ..train.stop import late_signals_noted
+    late_signals_noted()
     if args.n is not None and args.n != comm.size():
         comm.warn("-n %d ignored: this job has %d rank(s)" % (args.n, comm.size()))
     try:
