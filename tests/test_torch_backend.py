@@ -7,8 +7,8 @@ math (tests/mpi_scripts/torch_backend_check.py, one launch for all cases),
 sub-groups, a count mismatch raising hpcdl's MismatchError; DDP (plain,
 comm hooks, no_sync accumulation, unused parameters), FSDP2 fully_shard
 (reshard on and off), DTensor tensor parallelism, a 2-D mesh (FSDP2 x TP) and pipelining (GPipe,
-1F1B) against one process on the same global batch
-(torch_backend_models.py)."""
+1F1B) against one process on the same global batch, DCP save on N ranks and
+load on N/2 and back (torch_backend_models.py, torch_backend_dcp.py)."""
 import os
 import socket
 import subprocess
@@ -99,6 +99,7 @@ def test_collectives_match_single_process_math(n):
 def test_ddp_fsdp2_tensor_parallel_pipelining_match_one_process(n):
     out = _check(n, "torch_backend_models.py", timeout=180)
     assert out.count("max relative difference") == 11, out
+    assert out.count("entries equal to the saved ones") == 3, out
 
 
 RAISES = """

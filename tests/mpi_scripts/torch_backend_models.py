@@ -7,7 +7,8 @@ no_sync(), find_unused_parameters; FSDP2 fully_shard with reshard after
 forward on and off; DTensor tensor parallelism (ColwiseParallel /
 RowwiseParallel on the MLP); a 2-D DeviceMesh (FSDP2 x tensor parallel,
 even rank counts); torch.distributed.pipelining (ScheduleGPipe and
-Schedule1F1B, one stage per rank, over the backend's send/recv). Prints
+Schedule1F1B, one stage per rank, over the backend's send/recv); DCP
+save on N ranks and load on M (torch_backend_dcp.py). Prints
 'CHECKS n FAILED k'."""
 import os
 
@@ -25,6 +26,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
+from torch_backend_dcp import dcp_save_n_load_m  # noqa: E402
 from torch_common import N, R, check, run  # noqa: E402
 
 dist.init_process_group("hpcdl")
@@ -234,4 +236,4 @@ def pipelining():
 
 if __name__ == "__main__":
     run(plain, hooks, accumulate, unused, fsdp2, tensor_parallel, two_d, pipelining,
-        dist.destroy_process_group)
+        dcp_save_n_load_m, dist.destroy_process_group)
