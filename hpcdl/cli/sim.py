@@ -1,7 +1,8 @@
 """sim.py - `hpcdl sim scaling`: predicted step time, throughput and scaling
 efficiency of data-parallel training for each all-reduce algorithm, from
 the alpha-beta model (hpcdl/sim/). Runs in one process; no MPI needed.
-`hpcdl sim step`, `profile` and `records` live in sim_terms.py.
+`hpcdl sim step`, `profile` and `records` live in sim_terms.py, `pipeline` in
+sim_pipeline.py.
 
     hpcdl sim scaling --model resnet50 --gpus 8,64,512,2048 --alpha 5us --beta 12.5GB/s \\
         --step-compute-ms 100 --overlap 0.5 --plot scaling.png
@@ -12,7 +13,7 @@ from .sim_common import add_network_flags, network_values, parse_gpus
 
 def register(subparsers):
     p = subparsers.add_parser(
-        "sim", help="cost-model simulations (scaling, step, profile, records)",
+        "sim", help="cost-model simulations (scaling, step, profile, records, pipeline)",
         description="Simulations from the alpha-beta cost model of each collective "
                     "(docs/sim.md). Measure alpha and beta with 'hpcdl bench calibrate'.",
         epilog="example: hpcdl sim scaling --model resnet50 --gpus 8,64,512 --alpha 5us "
@@ -22,6 +23,8 @@ def register(subparsers):
     _register_scaling(sub)
     from . import sim_terms
     sim_terms.register(sub)
+    from . import sim_pipeline
+    sim_pipeline.register(sub)
 
 
 def _register_scaling(sub):
