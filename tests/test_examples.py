@@ -1,19 +1,23 @@
 """test_examples.py - hpcdl.models' ResNets against the published architectures
 (parameter counts, stage shapes), models.build by name, and the Horovod-style
-examples in examples/ run to their final checks on 2 ranks."""
+examples in examples/ run to their final checks on 2 ranks; the torchrun-style
+DDP script on backend hpcdl under `hpcdl run -n 2` against one process."""
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from hpcdl import models
 from hpcdl.models import resnet
-from mpi_harness import REPO, run_python
+from mpi_harness import REPO, mpi_env, run_python
 
 EXAMPLES = os.path.join(REPO, "examples")
 BENCHMARK = os.path.join(EXAMPLES, "pytorch_synthetic_benchmark.py")
 DIGITS = os.path.join(EXAMPLES, "pytorch_digits.py")
+TORCHRUN = os.path.join(EXAMPLES, "torchrun_ddp.py")
 
 
 def n_params(model):
@@ -180,3 +184,27 @@ def test_synthetic_benchmark_with_adasum():
                                                    "--num-batches-per-iter", "1",
                                                    "--num-iters", "1"])
     assert "Parameters identical on all 2 ranks: OK" in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+def test_torchrun_script_under_hpcdl_run_matches_one_process(tmp_path):
+    # the script reads RANK / LOCAL_RANK / WORLD_SIZE (hpcdl run sets them, and
+    # MASTER_ADDR/PORT, which the hpcdl backend leaves unused) and calls
+    # init_process_group(backend="hpcdl"); one process: the same file, WORLD_SIZE=1
+    env = mpi_env({"OMP_NUM_THREADS": "1"})
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    two = subprocess.run([sys.executable, "-m", "hpcdl", "run", "-n", "2", "--", sys.executable,
+                          TORCHRUN, "--save", str(tmp_path / "two.pt")],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert two.returncode == 0, two.stdout + two.stderr
+    one = subprocess.run([sys.executable, TORCHRUN, "--save", str(tmp_path / "one.pt")],
+                         capture_output=True, text=True, cwd=REPO, timeout=120,
+                         env=dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"))
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert "epoch 2: mean loss" in two.stdout and "(2 ranks, backend hpcdl)" in two.stdout
+    got, want = torch.load(tmp_path / "two.pt"), torch.load(tmp_path / "one.pt")
+    assert sorted(got) == sorted(want) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    for k in want:  # 24 SGD steps; float32 sum order differs (measured 1.5e-7)
+        rel = ((got[k] - want[k]).abs().max() / want[k].abs().max()).item()
+        assert rel <= 1e-6, (k, rel)
