@@ -1,4 +1,4 @@
-"""test_bench.py - `hpcdl bench allreduce`: size parsing, the test data and
+"""test_bench.py - `hpcdl bench allreduce` (and bench train): size parsing, the test data and
 option checks in one process, then one small 2-rank run whose table must have
 the header, a row per size and implementation, and an OK verdict."""
 import json
@@ -64,8 +64,10 @@ def test_usage_errors(args, message):
 @pytest.mark.mpi
 def test_two_rank_run(tmp_path):
     out = tmp_path / "bench.json"
+    # every implementation, the torch path's (async, hvd, torch; not in the default list) too
     r = run_mpi(2, BENCH + ["--max-bytes", "64K", "--iters", "2", "--warmup", "1",
-                            "--time-budget", "0.2", "--json", str(out)], timeout=180)
+                            "--time-budget", "0.2", "--json", str(out),
+                            "--algorithms", ",".join(ar.IMPLS)], timeout=180)
     assert r.returncode == 0, r.stdout
     text = r.stdout
     assert "# hpcdl bench allreduce" in text and "oversubscribed: no" in text
@@ -79,6 +81,44 @@ def test_two_rank_run(tmp_path):
     for impl in ar.IMPLS:  # every implementation has a table row
         assert any(impl in l.split() for l in text.splitlines() if " 65536 " in l), impl
     assert all(row["wrong"] == 0 and row["time_us"] > 0 for row in doc["rows"])
+    assert "torch/async" in text  # the torch path's overhead table: a ratio per size
+    assert [s["bytes"] for s in doc["summary"]] == sizes
+    assert all(s["torch_over_async"] > 0 and s["torch_over_hvd_min"] > 0 for s in doc["summary"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "nccl"], "--backend: unknown 'nccl'"), (["--backend", ","], "nothing given"),
+    (["--wrap", "ddp"], "--wrap needs --backend"),
+    (["--backend", "gloo", "--wrap", "ddp,zero"], "--wrap: unknown 'zero'"),
+    (["--backend", "hpcdl", "--zero", "1"], "--zero is not taken with --backend"),
+    (["--backend", "hpcdl", "--fusion-mb", "4"], "--fusion-mb is not taken")])
+def test_train_backend_usage_errors(args, message):
+    r = subprocess.run([sys.executable, "-m", "hpcdl", "bench", "train"] + args,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+@pytest.mark.mpi
+def test_bench_train_backends(tmp_path):
+    """--backend hpcdl,gloo --wrap ddp,fsdp2: a row per wrap and backend (and
+    no-comm), a ratio per wrap, parameters of both backends equal."""
+    out = tmp_path / "backends.json"
+    r = run_mpi(2, [sys.executable, "-m", "hpcdl", "bench", "train", "--backend", "hpcdl,gloo",
+                    "--wrap", "ddp,fsdp2", "--model", "tiny", "--steps", "2", "--warmup", "1",
+                    "--batch", "4", "--repeats", "2", "--json", str(out)], timeout=120)
+    assert r.returncode == 0, r.stdout
+    assert "ddp: hpcdl / gloo samples/s" in r.stdout and "fsdp2: hpcdl / gloo" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["backends"] == ["hpcdl", "gloo"] and doc["wraps"] == ["ddp", "fsdp2"]
+    got = [(row["impl"], row["wrap"], row["backend"]) for row in doc["rows"]]
+    assert got == [("ddp-hpcdl", "ddp", "hpcdl"), ("ddp-gloo", "ddp", "gloo"),
+                   ("fsdp2-hpcdl", "fsdp2", "hpcdl"), ("fsdp2-gloo", "fsdp2", "gloo"),
+                   ("no-comm", None, None)]
+    assert all(row["min"] <= row["samples_per_s"] <= row["max"] for row in doc["rows"])
+    for wrap in ("ddp", "fsdp2"):  # 2 ranks: both backends' sums are exact
+        s = doc["summary"][wrap]
+        assert len(s["ratios"]) == 2 and s["ratio"] > 0 and not s["wrong"], s
+        assert s["first_step_param_diff"] == 0 and s["max_param_diff"] == 0, s
 
 
 @pytest.mark.mpi

@@ -1,7 +1,12 @@
 """allreduce.py - `hpcdl bench allreduce`: hpcdl's all-reduce algorithms
 (ring, hier, auto, shared, mpi) against two peers, MPI_Allreduce through mpi4py
 ("mpi4py") and torch.distributed's gloo ("gloo"), timed in one run on the
-same buffers, in the shape of nccl-tests' tables.
+same buffers, in the shape of nccl-tests' tables. On request (not in the
+CLI's default list) also the torch path's cost per call (docs/torch_distributed.md):
+"torch" is torch.distributed.all_reduce on backend "hpcdl", against hpcdl's
+own asynchronous all-reduce ("async": Communicator.allreduce_async(...).wait(),
+the engine call the backend queues) and the Horovod API ("hvd":
+hpcdl.torch.allreduce_, which adds its shape-check round).
 
     mpirun -n 2 python -m hpcdl bench allreduce      (or: hpcdl bench allreduce -n 2)
 
@@ -34,7 +39,8 @@ from ..vcluster import floor as net_floor  # the network floor across vcluster h
 # memory (Communicator.shared_buffer), as DistributedOptimizer's buckets are
 HPCDL_IMPLS = ("ring", "hier", "auto", "shared", "mpi")
 PEERS = ("mpi4py", "gloo")                      # what hpcdl is measured against
-IMPLS = HPCDL_IMPLS + PEERS
+TORCH_PATH = ("async", "hvd", "torch")          # the hpcdl backend's overhead per call
+IMPLS = HPCDL_IMPLS + PEERS + TORCH_PATH
 DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
           "int64": np.int64}
 HEADER_COPY_BYTES = 256 << 20  # per rank: the header's copy bandwidth (beyond L3)
@@ -249,6 +255,22 @@ def start_gloo(mpi, job):
     return None
 
 
+def start_hpcdl_group():
+    """Collective: a torch.distributed group on backend "hpcdl" over every
+    rank: the default group when there is none yet, else new_group(backend=
+    "hpcdl") beside it (gloo's, from start_gloo)."""
+    import torch.distributed as dist
+    from ..torch import distributed  # noqa: F401 - registers backend "hpcdl"
+    distributed.register()
+    if not dist.is_initialized():
+        dist.init_process_group("hpcdl")
+        return dist.group.WORLD
+    return dist.new_group(backend="hpcdl")
+
+
+_TORCH_GROUP = []  # the "torch" implementation's group (setup starts it)
+
+
 def bind(name, world, buf):
     """A no-argument callable running one in-place all-reduce (sum) of buf."""
     if name == "shared":
@@ -264,6 +286,17 @@ def bind(name, world, buf):
         import torch.distributed as dist
         tensor = buf if isinstance(buf, torch.Tensor) else torch.from_numpy(buf)  # shared
         return lambda: dist.all_reduce(tensor)
+    if name == "async":
+        return lambda: world.allreduce_async(buf).wait()
+    if name in ("hvd", "torch"):
+        import torch
+        tensor = buf if isinstance(buf, torch.Tensor) else torch.from_numpy(buf)
+        if name == "hvd":
+            import hpcdl.torch as hvd
+            return lambda: hvd.allreduce_(tensor, op=hvd.Sum)
+        import torch.distributed as dist
+        group = _TORCH_GROUP[0]
+        return lambda: dist.all_reduce(tensor, group=group)
     raise ValueError("unknown implementation %r" % name)
 
 
@@ -347,6 +380,10 @@ def summarize(rows):
             s["speedup"] = peer["time_us"] / best["time_us"]
         if "auto" in at and "mpi4py" in at:
             s["auto_vs_mpi4py"] = at["mpi4py"]["time_us"] / at["auto"]["time_us"]
+        for base in ("async", "hvd", "auto"):  # > 1: the torch path is slower
+            if "torch" in at and base in at:
+                s["torch_over_" + base] = at["torch"]["time_us"] / at[base]["time_us"]
+                s["torch_over_%s_min" % base] = at["torch"]["min_us"] / at[base]["min_us"]
         out.append(s)
     return out
 
@@ -435,6 +472,16 @@ def print_footer(world, wrong, summary):
             _fmt(s.get("speedup"), "%.2fx"), s["floor_us"],
             _fmt(s.get("best_over_floor"), "%.2f"), _fmt(s.get("auto_vs_mpi4py"), "%.2fx")))
     print0("#  auto/mpi4py = MPI_Allreduce time / auto time (>= 1: auto is as fast)")
+    bases = [b for b in ("async", "hvd", "auto") if any("torch_over_" + b in s for s in summary)]
+    if bases:
+        print0("#\n# the torch path (torch.distributed.all_reduce on backend hpcdl) over "
+               "hpcdl's own: time ratio (1.10 = 10% overhead per call), of the medians "
+               "and of the fastest iterations (less hit by other processes)")
+        keys = [(b, "") for b in bases] + [(b, "_min") for b in bases]
+        print0("#%13s" % "size(B)" + "".join(" %14s" % ("torch/%s%s" % k) for k in keys))
+        for s in summary:
+            print0(" %13d" % s["bytes"] + "".join(
+                " %14s" % _fmt(s.get("torch_over_%s%s" % k), "%.3f") for k in keys))
 
 
 def _fmt(value, spec):
@@ -540,6 +587,11 @@ def setup(opts):
         else:
             notes.append("gloo: torch.distributed init_process_group('gloo') via %s:%s"
                          % (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]))
+    if "torch" in impls:
+        _TORCH_GROUP[:] = [start_hpcdl_group()]
+        notes.append("torch: torch.distributed.all_reduce on a group of backend 'hpcdl'; "
+                     "async: Communicator.allreduce_async(...).wait(); hvd: "
+                     "hpcdl.torch.allreduce_ (the Horovod API, with its shape-check round)")
     return world, job, impls, notes
 
 
@@ -572,7 +624,8 @@ def run(opts):
 
 def teardown(impls):
     from .. import comm
-    if "gloo" in impls:
+    if "gloo" in impls or "torch" in impls:
         import torch.distributed as dist
         dist.destroy_process_group()
+        _TORCH_GROUP[:] = []
     comm.shutdown()

@@ -62,7 +62,9 @@ def build_model(name):
         return models.build("mlp", 1024, 10, hidden=MLP_HIDDEN), (1024,), 10
     if name in ("resnet18", "resnet50"):
         return models.build(name, (3, 32, 32), 10), (3, 32, 32), 10
-    raise ValueError("unknown model %r; use mlp, resnet18 or resnet50" % name)
+    if name == "tiny":  # 32-48-24-10: what the tests run every implementation with
+        return models.build("mlp", 32, 10, hidden=(48, 24)), (32,), 10
+    raise ValueError("unknown model %r; use mlp, resnet18, resnet50 or tiny" % name)
 
 
 def batches(opts, shape, classes, rank, n):

@@ -36,7 +36,7 @@ from mpi4py import MPI
 
 from .. import comm
 from .allreduce import start_gloo
-from .train import batches, interleaved, start, build_model as _build_bench_model
+from .train import batches, build_model, interleaved, start
 
 STAGES = (0, 1, 2, 3)
 COUNTERPART = {0: "torch-ddp", 1: "torch-zero1", 2: "torch-fsdp2-noreshard", 3: "torch-fsdp2"}
@@ -54,16 +54,6 @@ class Options:
     threads: int = 0         # torch threads per rank; 0 = cores / local ranks
     repeats: int = 1
     json: str = None
-
-
-def build_model(name):
-    """bench train's models, and "tiny" (an MLP 32-48-24-10 the tests use to
-    run every implementation in seconds)."""
-    if name == "tiny":
-        from .. import models
-        torch.manual_seed(0)
-        return models.build("mlp", 32, 10, hidden=(48, 24)), (32,), 10
-    return _build_bench_model(name)
 
 
 # ----------------------------------------------------------------------------
@@ -169,18 +159,23 @@ def make_fsdp(opts, reshard, size):
     """FSDP2 with the units hpcdl stage 3 uses by default: every module with
     parameters of its own, then the model."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    model = build_model(opts.model)[0]
-    mesh = init_device_mesh("cpu", (size,))
-    for m in list(model.modules())[1:]:
-        if any(True for _ in m.parameters(recurse=False)):
-            fully_shard(m, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    model = fully_shard_units(build_model(opts.model)[0], init_device_mesh("cpu", (size,)),
+                              reshard)
     opt = torch.optim.Adam(model.parameters(), lr=opts.lr)
     return Impl(COUNTERPART[3 if reshard else 2], 3 if reshard else 2, model, opt,
                 lambda: [_local(p.grad) for p in model.parameters()],
                 lambda: [_local(p) for p in model.parameters()],
                 lambda: [p.full_tensor().detach() for p in model.parameters()])
+
+
+def fully_shard_units(model, mesh, reshard):
+    """FSDP2 over mesh: every module with parameters of its own a unit, then
+    the model (also bench train --backend --wrap fsdp2). Returns the model."""
+    from torch.distributed.fsdp import fully_shard
+    for m in list(model.modules())[1:]:
+        if any(True for _ in m.parameters(recurse=False)):
+            fully_shard(m, mesh=mesh, reshard_after_forward=reshard)
+    return fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
 
 
 def makers(opts, gloo_ok, size):

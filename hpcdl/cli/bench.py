@@ -52,7 +52,10 @@ def _register_allreduce(sub):
     p.add_argument("--factor", type=int, default=4, help="size multiplier (default 4)")
     p.add_argument("--dtype", default="float32", help="float32|float64|int32|int64")
     p.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
-                   help="comma-separated, of %s (default all)" % DEFAULT_ALGORITHMS)
+                   help="comma-separated, of %s (default %s); also async,hvd,torch: the hpcdl "
+                        "backend's cost per call (torch.distributed.all_reduce on backend hpcdl "
+                        "against hpcdl's own async call and the Horovod API)"
+                        % (DEFAULT_ALGORITHMS, DEFAULT_ALGORITHMS))
     p.add_argument("--iters", type=int, default=50,
                    help="most timed iterations per row; fewer for big sizes (default 50)")
     p.add_argument("--warmup", type=int, default=5, help="most warm-up iterations (default 5)")
@@ -131,7 +134,9 @@ def _register_train(sub):
                     "backward, and checks that both end with the same parameters.",
         epilog="example: hpcdl bench train -n 2 --model mlp --steps 20")
     add_launch_args(p)
-    p.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "resnet50"])
+    p.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "resnet50", "tiny"],
+                   help="mlp (1024-4096-2048-10), resnet18, resnet50 (32x32 input) or tiny "
+                        "(32-48-24-10, for tests) (default mlp)")
     p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
@@ -152,6 +157,12 @@ def _register_train(sub):
                    help="ZeRO instead: hpcdl's stages (comma-separated, of 0,1,2,3) with Adam "
                         "against DistributedOptimizer, ZeroRedundancyOptimizer and FSDP2 on "
                         "gloo; samples/s and bytes held per rank (docs/zero.md)")
+    p.add_argument("--backend", default=None, metavar="LIST",
+                   help="the same PyTorch code (DDP; FSDP2 with --wrap) on each "
+                        "torch.distributed backend of the comma-separated list, of hpcdl,gloo "
+                        "(docs/torch_distributed.md): samples/s per backend, hpcdl/gloo ratio")
+    p.add_argument("--wrap", default=None, metavar="LIST",
+                   help="with --backend: ddp, fsdp2 or ddp,fsdp2 (default ddp)")
     p.set_defaults(func=run_train)
 
 
@@ -166,6 +177,7 @@ def run_train(args):
     if args.n is not None and args.n < 1:
         raise UsageError("-n must be at least 1 (got %d)" % args.n)
     stages = _zero_stages(args.zero) if args.zero is not None else None
+    backends, wraps = _backend_options(args)
     if stages is not None and args.fusion_mb is not None:
         raise UsageError("--fusion-mb is not taken with --zero (its runs use the default "
                          "fusion buckets); drop one of them")
@@ -182,15 +194,52 @@ def run_train(args):
         argv += ["--fusion-mb", str(args.fusion_mb)] if args.fusion_mb is not None else []
         argv += ["--zero", args.zero] if args.zero is not None else []
         argv += ["--noise-scale"] if args.noise_scale else []
+        argv += ["--backend", args.backend] if args.backend is not None else []
+        argv += ["--wrap", args.wrap] if args.wrap is not None else []
         return launcher.launch(args.n, argv, **launcher.launch_options(args))
     if args.zero is not None:
         return abort_on_error(*zero_options(args, stages))
+    if backends is not None:
+        from ..bench import ddp
+        return abort_on_error(ddp.run, ddp.Options(
+            model=args.model, backends=backends, wraps=wraps, steps=args.steps,
+            warmup=args.warmup, batch=args.batch, threads=args.threads,
+            repeats=args.repeats, json=args.json))
     from ..bench import train
     opts = train.Options(model=args.model, steps=args.steps, warmup=args.warmup,
                          batch=args.batch, threads=args.threads, repeats=args.repeats,
                          json=args.json, fusion_mb=args.fusion_mb,
                          noise_scale=args.noise_scale)
     return abort_on_error(train.run, opts)
+
+
+def _listed(text, allowed, flag):
+    """'a,b' -> ('a', 'b') in the given order, each one of allowed, or a UsageError."""
+    items = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    bad = [s for s in items if s not in allowed]
+    if bad or not items:
+        raise UsageError("%s: %s; use a comma-separated list of %s"
+                         % (flag, "unknown %s" % ", ".join(map(repr, bad)) if bad
+                            else "nothing given", ",".join(allowed)))
+    return items
+
+
+def _backend_options(args):
+    """(backends, wraps) of --backend/--wrap, or (None, None) without --backend;
+    UsageError for a bad list or an option that bench train --backend does not take."""
+    if args.backend is None:
+        if args.wrap is not None:
+            raise UsageError("--wrap needs --backend (e.g. --backend hpcdl,gloo --wrap ddp,fsdp2)")
+        return None, None
+    from ..bench.ddp import BACKENDS, WRAPS
+    for flag, given in (("--zero", args.zero is not None), ("--noise-scale", args.noise_scale),
+                        ("--fusion-mb", args.fusion_mb is not None)):
+        if given:
+            raise UsageError("%s is not taken with --backend (it times hpcdl's own API; "
+                             "--backend times DDP/FSDP2 per torch.distributed backend); drop "
+                             "one of them" % flag)
+    return (_listed(args.backend, BACKENDS, "--backend"),
+            _listed(args.wrap or "ddp", WRAPS, "--wrap"))
 
 
 def _zero_stages(text):

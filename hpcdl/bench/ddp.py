@@ -1,0 +1,181 @@
+"""ddp.py - `hpcdl bench train --backend hpcdl,gloo`: the same PyTorch code
+(DDP, and FSDP2 with --wrap ddp,fsdp2) on torch.distributed backend "hpcdl"
+and on gloo, same model, data and seed, in one run on the same ranks.
+
+    hpcdl bench train -n 2 --backend hpcdl,gloo --model mlp
+    hpcdl bench train -n 2 --backend hpcdl,gloo --wrap ddp,fsdp2 --model resnet18 --batch 8
+
+gloo is the default group (as bench train starts it); hpcdl's group is
+new_group(backend="hpcdl") beside it (the default group itself when gloo is
+not asked for). Rows are named <wrap>-<backend> (ddp-hpcdl, ddp-gloo,
+fsdp2-hpcdl, fsdp2-gloo) plus no-comm, every rank training alone (the compute
+floor). Timing as in `hpcdl bench train`: steps interleaved, order rotating,
+each timed from a barrier, the slowest rank's time; --repeats R gives medians
+and the range, and the hpcdl/gloo ratio of each wrap is taken within a repeat.
+Both backends start from the same parameters and see the same batches: after
+the first step their parameters must agree to 1e-4 (exit status 1 if not);
+after the last step the difference is reported (with 2 ranks a sum has one
+order, so it is checked too).
+"""
+import json
+import statistics
+from dataclasses import dataclass
+
+import torch
+from mpi4py import MPI
+
+from .. import comm
+from .allreduce import start_gloo, start_hpcdl_group
+from .train import Impl, batches, build_model, interleaved, max_param_diff, sgd_step, start
+from .zero import _local, fully_shard_units
+
+BACKENDS = ("hpcdl", "gloo")
+WRAPS = ("ddp", "fsdp2")
+WRONG = 1e-4
+
+
+@dataclass
+class Options:
+    model: str = "mlp"         # mlp, resnet18, resnet50, tiny (tests)
+    backends: tuple = BACKENDS
+    wraps: tuple = ("ddp",)
+    steps: int = 20
+    warmup: int = 3
+    batch: int = 32            # samples per rank per step
+    lr: float = 0.01           # SGD
+    threads: int = 0           # torch threads per rank; 0 = cores / local ranks
+    repeats: int = 1
+    json: str = None
+
+
+def groups(mpi, job, backends):
+    """Collective: {backend: process group} (None for gloo: the default group)."""
+    out = {}
+    if "gloo" in backends:
+        err = start_gloo(mpi, job)
+        if err is not None:
+            raise RuntimeError("gloo could not start: %s" % err)
+        out["gloo"] = None
+    if "hpcdl" in backends:
+        out["hpcdl"] = start_hpcdl_group()
+    return out
+
+
+def make(opts, wrap, backend, group, size):
+    model = build_model(opts.model)[0]
+    if wrap == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        run = DDP(model, process_group=group)
+    else:
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+        mesh = (init_device_mesh("cpu", (size,)) if group is None
+                else DeviceMesh.from_group(group, "cpu"))
+        run = fully_shard_units(model, mesh, reshard=True)
+    impl = Impl("%s-%s" % (wrap, backend), model,
+                sgd_step(run, torch.optim.SGD(run.parameters(), lr=opts.lr)))
+    impl.wrap, impl.backend = wrap, backend
+    return impl
+
+
+def make_local(opts):
+    model = build_model(opts.model)[0]
+    impl = Impl("no-comm", model, sgd_step(model, torch.optim.SGD(model.parameters(),
+                                                                  lr=opts.lr)))
+    impl.wrap, impl.backend = None, None
+    return impl
+
+
+def local_diff(a, b):
+    """Largest parameter difference between two implementations (FSDP2:
+    this rank's shards; both shard alike)."""
+    if a.wrap == "fsdp2":
+        return max((_local(p) - _local(q)).abs().max().item()
+                   for p, q in zip(a.model.parameters(), b.model.parameters()))
+    return max_param_diff(a.model, b.model)
+
+
+def one_pass(opts, data, gs, mpi):
+    """({impl: dict(seconds, samples_per_s)}, {wrap: (first-step diff, last)})."""
+    impls = [make(opts, w, b, gs[b], mpi.size) for w in opts.wraps for b in opts.backends]
+    impls.append(make_local(opts))
+    pairs = [(a, b) for a in impls for b in impls
+             if a.wrap and a.wrap == b.wrap and a.backend == "hpcdl" and b.backend == "gloo"]
+    first = {}
+
+    def diffs():
+        return {a.wrap: mpi.allreduce(local_diff(a, b), op=MPI.MAX) for a, b in pairs}
+    times = interleaved(opts, impls, data, mpi, after_first=lambda: first.update(diffs()))
+    last = diffs()
+    rows = {i.name: dict(seconds=sum(times[i.name]), wrap=i.wrap, backend=i.backend,
+                         samples_per_s=opts.steps * opts.batch * mpi.size / sum(times[i.name]))
+            for i in impls}
+    return rows, {w: (first[w], last[w]) for w in first}
+
+
+def summarize(reps, wraps):
+    """(rows: medians and ranges over repeats, {wrap: per-repeat hpcdl/gloo ratios})."""
+    rows = []
+    for name, row in reps[0].items():
+        rate = [r[name]["samples_per_s"] for r in reps]
+        rows.append(dict(impl=name, wrap=row["wrap"], backend=row["backend"],
+                         samples_per_s=statistics.median(rate), min=min(rate), max=max(rate),
+                         seconds=statistics.median(r[name]["seconds"] for r in reps)))
+    ratios = {w: [r["%s-hpcdl" % w]["samples_per_s"] / r["%s-gloo" % w]["samples_per_s"]
+                  for r in reps] for w in wraps if "%s-gloo" % w in reps[0]
+              and "%s-hpcdl" % w in reps[0]}
+    return rows, ratios
+
+
+def run(opts):
+    world, job, threads = start(opts)
+    mpi = world.mpi
+    model, shape, classes = build_model(opts.model)
+    nparams = sum(p.numel() for p in model.parameters())
+    data = batches(opts, shape, classes, world.rank, opts.warmup + opts.steps)
+    gs = groups(mpi, job, opts.backends)
+    say = comm.print0
+    say("# hpcdl bench train --backend %s --wrap %s: the same PyTorch code on each "
+        "torch.distributed backend" % (",".join(opts.backends), ",".join(opts.wraps)))
+    say("#  ranks %d | hosts %d | MPI: %s | cores %s | torch threads per rank %d | "
+        "load %.1f" % (world.size, len(job["hosts"]), job["mpi_library"], job["cores"],
+                       threads, job["load_avg_1min"]))
+    say("#  model %s (%.2f M parameters) | batch %d per rank (%d global) | SGD lr %g | "
+        "%d steps after %d warm-up | %d repeat(s) | steps interleaved, each timed from a "
+        "barrier (slowest rank)" % (opts.model, nparams / 1e6, opts.batch,
+                                    opts.batch * world.size, opts.lr, opts.steps,
+                                    opts.warmup, opts.repeats))
+    reps, diffs = [], []
+    for k in range(opts.repeats):
+        rep, diff = one_pass(opts, data, gs, mpi)
+        reps.append(rep)
+        diffs.append(diff)
+        if opts.repeats > 1:
+            say("#  repeat %d/%d: %s" % (k + 1, opts.repeats, "  ".join(
+                "%s %.1f/s" % (n, r["samples_per_s"]) for n, r in rep.items())))
+    rows, ratios = summarize(reps, opts.wraps)
+    say("#\n#%13s %8s %6s %11s %10s   %s" % ("impl", "wrap", "backend", "samples/s",
+                                             "step(ms)", "min..max samples/s"))
+    for r in rows:
+        say(" %13s %8s %6s %11.1f %10.1f   %.1f..%.1f"
+            % (r["impl"], r["wrap"] or "-", r["backend"] or "-", r["samples_per_s"],
+               1e3 * r["seconds"] / opts.steps, r["min"], r["max"]))
+    summary = {}
+    for w, rs in ratios.items():
+        first = max(d[w][0] for d in diffs)
+        last = max(d[w][1] for d in diffs)
+        bad = first > WRONG or (world.size == 2 and last > WRONG)
+        summary[w] = dict(ratio=statistics.median(rs), ratios=rs, range=(min(rs), max(rs)),
+                          first_step_param_diff=first, max_param_diff=last, wrong=bad)
+        say("# %s: hpcdl / gloo samples/s %.2fx median of %d repeat(s) (range %.2f..%.2fx); "
+            "parameters differ by %.2g after the first step (%s), %.2g after the last"
+            % (w, summary[w]["ratio"], len(rs), min(rs), max(rs), first,
+               "FAILED" if bad else "OK", last))
+    wrong = any(s["wrong"] for s in summary.values())
+    if opts.json and world.rank == 0:
+        with open(opts.json, "w") as f:
+            json.dump({"ranks": world.size, "model": opts.model, "params": nparams,
+                       "batch_per_rank": opts.batch, "threads": threads,
+                       "backends": list(opts.backends), "wraps": list(opts.wraps),
+                       "steps": opts.steps, "load_avg_1min": job["load_avg_1min"],
+                       "rows": rows, "repeats": reps, "summary": summary}, f, indent=1)
+    return 1 if wrong else 0
