@@ -15,7 +15,8 @@ TUTORIALS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "tuto
 # large-batch study trains five models and says "run it with 4 ranks"
 RANKS = {"05_large_batch.py": (4,), "06_slurm.py": (),  # 06: test_slurm_tutorial
          "08_multinode.py": (),  # 08: test_multinode_tutorial (one process, root)
-         "09_sharded.py": (4,)}  # uneven blocks on 4 (7210 parameters)
+         "09_sharded.py": (4,),  # uneven blocks on 4 (7210 parameters)
+         "10_three_parallelisms.py": (4,)}  # 4 pipeline stages (2 also works)
 TIMEOUT = {"05_large_batch.py": 300}  # 05: five MNIST-1D runs (~2 min quiet)
 
 

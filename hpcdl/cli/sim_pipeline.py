@@ -74,12 +74,12 @@ def run_pipeline(args):
                                  format_beta(beta)))
     print("#  bubble = (p-1)/(m+p-1); step = phase(f) + phase(b), phase(t) = t + (p-1)(c+t) "
           "+ (m-1)max(t,c); ideal = compute / p")
-    print("#     m   bubble   msg(KB)   msg(us)  p2p/step(MB)   step(ms)  ideal(ms)  "
+    print("#     m   bubble   msg(MB)   msg(ms)  p2p/step(MB)   step(ms)  ideal(ms)  "
           "efficiency  activations GPipe 1F1B")
     for r in rows:
-        print("%7d  %7.3f  %8.1f  %8.1f  %12.3f  %9.3f  %9.3f  %9.1f%%  %17d %4d%s"
-              % (r["micro_batches"], r["bubble"], r["message_bytes"] / 1e3,
-                 r["message_s"] * 1e6, r["p2p_bytes_per_step"] / 1e6, r["step_s"] * 1e3,
+        print("%7d  %7.3f  %8.4g  %8.4g  %12.4g  %9.3f  %9.3f  %9.1f%%  %17d %4d%s"
+              % (r["micro_batches"], r["bubble"], r["message_bytes"] / 1e6,
+                 r["message_s"] * 1e3, r["p2p_bytes_per_step"] / 1e6, r["step_s"] * 1e3,
                  r["ideal_s"] * 1e3, 100 * r["efficiency"], r["activations_gpipe"],
                  r["activations_1f1b"], "  link-bound" if r["link_bound"] else ""))
     print("# p2p/step: bytes through one stage boundary per step (activations forward + "

@@ -9,9 +9,10 @@ the machine at hand. Pure Python; MPI only for calibration.
 
 The step model term by term (buckets, shared links, compression, stragglers,
 overheads) is terms.py; profiles of real models profile.py; published runs
-records.py (records.json).
+records.py (records.json); pipeline parallelism's bubble and stage-to-stage
+messages pipeline.py.
 
-Command line: `hpcdl sim scaling|step|profile|records` and `hpcdl bench
+Command line: `hpcdl sim scaling|step|profile|records|pipeline` and `hpcdl bench
 calibrate`; formulas and their limits in docs/sim.md.
 """
 from .cost import (FORMULAS, allgather, broadcast, hierarchical_allreduce, log2_rounds,
