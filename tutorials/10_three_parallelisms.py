@@ -23,12 +23,15 @@ Then the pipeline's cost, with p stages and m micro-batches:
 
     bubble = idle / (p x step time) = (p - 1) / (m + p - 1)      (GPipe)
 
-because the first stage's last forward can start only after m forwards and
-the last stage's first backward only after p - 1 more: the fill and the
-drain. It is measured two ways: each stage's compute is stood in for by a
-sleep (4 ms forward, 8 ms backward) that logs when it runs, (a) on the wall
-clock, and (b) replayed on a logical clock from the order in which each
-stage really ran its micro-batches (exact: it is checked). Last, memory:
+because the last stage starts its first forward only after the p - 1
+stages before it have each run one (the fill), and the first stage its
+last backward only after the p - 1 stages after it have run theirs (the
+drain): every stage idles (p - 1)(f + b) of a step of (m + p - 1)(f + b),
+f and b being one micro-batch's forward and backward on a stage. It is
+measured two ways, with each stage's compute replaced by a sleep (4 ms
+forward, 8 ms backward) that logs when it runs: (a) on the wall clock, and
+(b) replayed on a logical clock from the order in which each stage really
+ran its micro-batches (exact: it is checked). Last, memory:
 GPipe keeps the activations of all m micro-batches until their backward;
 1F1B (one forward, one backward) starts backwards early and keeps at most
 p - s on stage s, whatever m is. Both counted with the same hook.
@@ -48,7 +51,7 @@ Exercise (for the student):
      forward across each stage boundary, and its gradient back. Price the
      m = 4 step at 1 Gbit/s with the model of docs/sim.md (192 ms is one
      device's compute at 12 ms per micro-batch and stage):
-         hpcdl sim pipeline --stages 4 --micro-batches 4 --batch 32 \
+         hpcdl sim pipeline --stages 4 --micro-batches 4 --batch 32 \\
              --activation-elements 24 --step-compute-ms 192 --alpha 50us --beta 1Gbit/s
      How much do the messages add? The wall-clock step in part 4 is longer
      still: what, if not the link, makes the difference here?
@@ -300,7 +303,8 @@ def timeline(orders, start, t_f, t_b):
 p = size
 print0("4. the bubble: p = %d stages, forward %.0f ms, backward %.0f ms per micro-batch "
        "(sleeps)" % (p, T_FORWARD * 1e3, T_BACKWARD * 1e3))
-print0("   schedule   m  (p-1)/(m+p-1)  replayed  wall clock  step(ms)  ideal(ms)")
+print0("   schedule   m  (p-1)/(m+p-1)  replayed  wall clock  step(ms)  (m+p-1)(f+b)  "
+       "idle per stage (ms; (p-1)(f+b) = %.0f)" % ((p - 1) * (T_FORWARD + T_BACKWARD) * 1e3))
 results, unit = {}, (1, 2)  # the replay's t_f : t_b, as the sleeps
 for cls, ms in ((ScheduleGPipe, sorted({1, 2, 4, 2 * p})), (Schedule1F1B, (p, 2 * p))):
     for m in ms:
@@ -312,14 +316,15 @@ for cls, ms in ((ScheduleGPipe, sorted({1, 2, 4, 2 * p})), (Schedule1F1B, (p, 2 
         wall = max(e[2] for e in every)
         measured = 1 - sum(e[1] for e in every) / (p * wall)
         formula = (p - 1) / (m + p - 1)
-        print0("   %-9s %2d  %13.3f  %8.3f  %10.3f  %8.1f  %9.1f"
+        idle = " ".join("%.0f" % ((wall - e[1]) * 1e3) for e in every)
+        print0("   %-9s %2d  %13.3f  %8.3f  %10.3f  %8.1f  %12.1f  %s"
                % (cls.__name__[8:], m, formula, replayed, measured, wall * 1e3,
-                  (m + p - 1) * (T_FORWARD + T_BACKWARD) * 1e3))
+                  (m + p - 1) * (T_FORWARD + T_BACKWARD) * 1e3, idle))
         check(abs(replayed - formula) < 1e-12 and all(len(o) == 2 * m for o in orders),
               "%s m=%d: the recorded schedule's bubble is (p-1)/(m+p-1) = %.3f"
               % (cls.__name__, m, formula))
-print0("   (wall clock: 1 - busy / (p x step); above the formula by the messages and the "
-       "shared cores; not checked)")
+print0("   (wall clock: 1 - busy / (p x step), idle = step - busy; above the formula by "
+       "the messages and the shared cores; not checked)")
 for cls in (ScheduleGPipe, Schedule1F1B):
     orders = results[(cls, p)][0]
     print0("   %s, m = %d, replayed (digit: forward of micro-batch i, letter: its "
