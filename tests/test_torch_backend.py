@@ -3,7 +3,8 @@
 In one process: importing hpcdl.torch registers the backend without starting
 MPI's collectives, op and dtype mapping, a one-rank group. Under mpirun (2
 and 3 ranks, no MASTER_ADDR/PORT): every collective against single-process
-math (tests/mpi_scripts/torch_backend_check.py, one launch for all cases),
+math (tests/mpi_scripts/torch_backend_check.py, one launch for all cases:
+bitwise ReduceOps, recv from any source and monitored_barrier among them),
 sub-groups, a count mismatch raising hpcdl's MismatchError; DDP (plain,
 comm hooks, no_sync accumulation, unused parameters), FSDP2 fully_shard
 (reshard on and off), DTensor tensor parallelism, a 2-D mesh (FSDP2 x TP) and pipelining (GPipe,
@@ -49,6 +50,23 @@ def test_reduce_op_mapping():
     for bad in (op.BAND, op.BOR, op.BXOR):
         with pytest.raises(ValueError, match="cannot reduce with ReduceOp.B"):
             _tensors.reduce_op(bad)
+
+
+def test_bitwise_ops_fold_with_torch_and_the_rest_are_named():
+    op = torch.distributed.ReduceOp
+    assert _tensors.bitwise_fold(op.BXOR) is torch.bitwise_xor
+    assert _tensors.bitwise_fold(op.SUM) is None
+    with pytest.raises(ValueError, match="PREMUL_SUM is not in hpcdl's core"):
+        _tensors.reduce_op(torch.distributed._make_nccl_premul_sum(2.0))
+
+
+def test_monitored_barrier_names_the_missing_ranks():
+    from hpcdl.comm.p2p import _missing_text
+    assert _missing_text([1, 3], 2.0, 4, True) == \
+        "monitored_barrier: ranks [1, 3] of 4 did not reach the barrier within 2 s"
+    assert _missing_text([1], 0.5, 4, False).endswith(
+        "rank 1 of 4 did not reach the barrier within 0.5 s (the first one missing; "
+        "wait_all_ranks=True names all)")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.uint8, torch.bool,

@@ -1,6 +1,7 @@
 """torch_backend_check.py - run under mpirun: torch.distributed on backend
 "hpcdl" against single-process math, on rank- and position-dependent data.
-argv: PART = coll | groups | p2p | errors | all. No MASTER_ADDR/PORT: MPI is the
+argv: PART = coll | groups | p2p | errors | all (p2p: also recv from any source
+and monitored_barrier). No MASTER_ADDR/PORT: MPI is the
 rendezvous. Prints 'CHECKS n FAILED k'."""
 import os
 
@@ -68,12 +69,44 @@ def all_reduce():
     fut = dist.all_reduce(t, async_op=True).get_future()
     got = fut.then(lambda f: f.value()[0] * 2).wait()
     close(got, 2 * sum(data(r, (300,), torch.float64) for r in range(N)), "all_reduce future")
-    for bad in (OP.BAND, OP.BXOR):
+    bitwise()
+
+
+BITWISE = {OP.BAND: torch.bitwise_and, OP.BOR: torch.bitwise_or, OP.BXOR: torch.bitwise_xor}
+
+
+def bitwise_ref(op, shape, dtype):
+    out = data(0, shape, dtype)
+    for r in range(1, N):
+        out = BITWISE[op](out, data(r, shape, dtype))
+    return out
+
+
+def bitwise():
+    """BAND / BOR / BXOR: all-gathered and folded (not in the core)."""
+    for dtype in (torch.int32, torch.int64, torch.int8, torch.uint8, torch.bool):
+        for op in BITWISE:
+            for shape in ((0,), (5, 7), (1031,)):
+                t = data(R, shape, dtype)
+                dist.all_reduce(t, op=op)
+                close(t, bitwise_ref(op, shape, dtype), "all_reduce %s %s %s" % (op, dtype, shape))
+    for root in range(N):
+        t = data(R, (6,), torch.int64)
+        dist.reduce(t, dst=root, op=OP.BOR)
+        close(t, bitwise_ref(OP.BOR, (6,), torch.int64) if R == root else data(R, (6,), torch.int64),
+              "reduce BOR root %d" % root)
+    for call, bad, want in (
+            (lambda: dist.all_reduce(torch.ones(3), op=OP.BAND), TypeError, "integer or bool"),
+            (lambda: dist.reduce_scatter_tensor(torch.ones(1, dtype=torch.int32),
+                                                torch.ones(N, dtype=torch.int32), op=OP.BXOR),
+             ValueError, "BAND/BOR/BXOR in all_reduce and reduce only"),
+            (lambda: dist.all_reduce(torch.ones(3), op=dist._make_nccl_premul_sum(2.0)),
+             ValueError, "PREMUL_SUM is not in hpcdl's core")):
         try:
-            dist.all_reduce(torch.ones(3, dtype=torch.int32), op=bad)
-            check(False, "all_reduce %s did not raise" % bad)
-        except ValueError as e:
-            check("cannot reduce with ReduceOp" in str(e), "all_reduce %s message: %s" % (bad, e))
+            call()
+            check(False, "did not raise %s (%s)" % (bad.__name__, want))
+        except bad as e:
+            check(want in str(e), "message %r lacks %r" % (str(e), want))
 
 
 def reduce():
@@ -242,11 +275,6 @@ def errors():
     t = data(R, (5,), torch.float32)
     dist.all_reduce(t)  # the group goes on after the refused calls
     close(t, sum(data(r, (5,), torch.float32) for r in range(N)), "all_reduce after mismatch")
-    try:
-        dist.recv(torch.ones(1))
-        check(False, "recv from any source did not raise")
-    except (NotImplementedError, RuntimeError) as e:
-        check("not in the hpcdl backend yet" in str(e), "recv any source message: %s" % e)
     check(dist.get_backend() == "hpcdl", "get_backend: %s" % dist.get_backend())
 
 
@@ -282,6 +310,61 @@ def point_to_point():
     close(got, data(prv, (10,), torch.float32), "isend future, irecv wait")
 
 
+def any_source():
+    """dist.recv without src: rank 0 takes one message from every other rank,
+    in whatever order they come, and learns each sender."""
+    if R == 0:
+        seen = []
+        for _ in range(N - 1):
+            got = torch.zeros(7, dtype=torch.int64)
+            src = dist.recv(got, tag=9)
+            seen.append(src)
+            close(got, data(src, (7,), torch.int64), "recv any source: from %d" % src)
+        check(sorted(seen) == list(range(1, N)), "recv any source: senders %s" % seen)
+        work = dist.irecv(torch.zeros(2), tag=10)  # irecv without src: the Work names it
+        check(work.wait() and work._source_rank() == N - 1, "irecv any source: sender")
+    else:
+        dist.send(data(R, (7,), torch.int64), 0, tag=9)
+        if R == N - 1:
+            dist.send(torch.ones(2), 0, tag=10)
+
+
+def monitored():
+    """hpcdl.torch.distributed.monitored_barrier: everyone -> passes; the last
+    rank held back (it waits for rank 0's word, so it surely misses it) ->
+    rank 0 and the ranks that came raise BarrierTimeout naming it; the held
+    rank, arriving alone later, names rank 0."""
+    from hpcdl.comm.p2p import BarrierTimeout
+    from mpi4py import MPI
+    from hpcdl.torch.distributed import monitored_barrier
+    monitored_barrier(timeout=60)
+    held = [N - 1]
+    want = "rank %d of %d did not reach the barrier within" % (N - 1, N)
+    if R in held:
+        MPI.COMM_WORLD.recv(source=0, tag=77)
+        try:
+            monitored_barrier(timeout=0.2)
+            check(False, "a rank alone in monitored_barrier passed")
+        except BarrierTimeout as e:
+            check("no answer from rank 0 within 0.2 s" in str(e), "held rank: %s" % e)
+    else:
+        try:
+            monitored_barrier(timeout=0.5 if R == 0 else 60, wait_all_ranks=True)
+            check(False, "monitored_barrier without ranks %s passed" % held)
+        except BarrierTimeout as e:
+            check(want in str(e), "rank %d: %r lacks %r" % (R, str(e), want))
+        if R == 0:
+            for r in held:
+                MPI.COMM_WORLD.send("go", dest=r, tag=77)
+    dist.barrier()
+    monitored_barrier(timeout=60)  # all in step again
+    try:
+        monitored_barrier(timeout=0)
+        check(False, "timeout 0 accepted")
+    except ValueError as e:
+        check("timeout must be > 0" in str(e), "timeout 0: %s" % e)
+
+
 def main_parts():
     parts = []
     if section("coll"):
@@ -290,7 +373,7 @@ def main_parts():
     if section("groups"):
         parts.append(groups)
     if section("p2p"):
-        parts.append(point_to_point)
+        parts += [point_to_point, any_source, monitored]
     if section("errors"):
         parts.append(errors)
     return parts

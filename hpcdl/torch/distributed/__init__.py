@@ -75,3 +75,21 @@ def register():
 def is_available():
     """True: hpcdl's backend needs nothing but hpcdl's own core and MPI."""
     return True
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """dist.monitored_barrier for the hpcdl backend (torch's admits gloo only):
+    a barrier that raises BarrierTimeout (a RuntimeError) naming the ranks
+    that did not arrive within timeout (timedelta or seconds; default the
+    group's timeout) - on rank 0 and on every rank that arrived. A rank
+    outside group returns at once."""
+    from .process_group import ProcessGroupHpcdl
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    if group == dist.GroupMember.NON_GROUP_MEMBER:
+        return
+    if not isinstance(group, ProcessGroupHpcdl):  # hpcdl's groups are torch's groups
+        raise ValueError("hpcdl.torch.distributed.monitored_barrier: this group's backend is "
+                         "%s, not hpcdl; use torch.distributed.monitored_barrier for gloo"
+                         % dist.get_backend(group))
+    group.monitored_barrier(timeout, wait_all_ranks)

@@ -29,14 +29,29 @@ _OPS = ((ReduceOp.SUM, "sum"), (ReduceOp.AVG, "average"), (ReduceOp.MIN, "min"),
         (ReduceOp.MAX, "max"), (ReduceOp.PRODUCT, "prod"))
 
 
+# bitwise ops: not in the core; all_reduce and reduce all-gather the tensors
+# and fold them here (integer and bool tensors; gloo offers them too)
+_BITWISE = ((ReduceOp.BAND, torch.bitwise_and), (ReduceOp.BOR, torch.bitwise_or),
+            (ReduceOp.BXOR, torch.bitwise_xor))
+
+
 def reduce_op(op):
-    """hpcdl's name for a torch ReduceOp; ValueError for BAND/BOR/BXOR/PREMUL_SUM."""
+    """hpcdl's name for a torch ReduceOp; ValueError for BAND/BOR/BXOR (see
+    bitwise_fold) and PREMUL_SUM."""
     for torch_op, name in _OPS:
         if op == torch_op:
             return name
-    raise ValueError("the hpcdl backend cannot reduce with %s: it supports SUM, AVG, MIN, "
-                     "MAX and PRODUCT (bitwise ops and PREMUL_SUM are not in hpcdl's core)"
-                     % _op_name(op))
+    raise ValueError("the hpcdl backend cannot reduce with %s here: it supports SUM, AVG, MIN, "
+                     "MAX and PRODUCT, and BAND/BOR/BXOR in all_reduce and reduce only "
+                     "(PREMUL_SUM is not in hpcdl's core)" % _op_name(op))
+
+
+def bitwise_fold(op):
+    """torch's elementwise function for a bitwise ReduceOp, else None."""
+    for torch_op, fold in _BITWISE:
+        if op == torch_op:
+            return fold
+    return None
 
 
 def _op_name(op):

@@ -15,9 +15,9 @@ Where each call runs:
   all_to_all_single (the Communicator's all-to-all; gather and scatter are
   all-to-alls where only the root sends or receives). Their Works are done
   when returned.
-- point-to-point (send, recv, isend, irecv, batch_isend_irecv): started at
-  once on hpcdl.comm.p2p (its own duplicate communicator), finished like the
-  engine's Works. Not yet: recv from any source.
+- point-to-point (send, recv, isend, irecv, batch_isend_irecv, recv from
+  any source): started at once on hpcdl.comm.p2p (its own duplicate
+  communicator), finished like the engine's Works; monitored_barrier too.
 
 Sub-groups: torch's new_group() delegates to new_group() here, which splits
 the Communicator (collective over every rank, like new_group itself).
@@ -95,6 +95,9 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
 
     # ----------------------------------------------------------- all-reduce
     def allreduce(self, tensors, opts=None):
+        fold = T.bitwise_fold(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
+        if fold is not None:
+            return self._bitwise(tensors, fold, None, "all_reduce")
         with self._refusing("allreduce"):
             op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
             views = [T.core_view(t, op, device_ok=self._cuda) for t in tensors]
@@ -107,6 +110,10 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts=None):
+        fold = T.bitwise_fold(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
+        if fold is not None:
+            tensor = tensors[_opt(opts, "rootTensor", 0)]
+            return self._bitwise([tensor], fold, _opt(opts, "rootRank", 0), "reduce")
         with self._refusing("allreduce"):
             op = T.reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM))
             root = _opt(opts, "rootRank", 0)
@@ -118,6 +125,35 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
                                            name="torch.reduce")
             then = None
         return self._queued([h], list(tensors), then, "reduce")
+
+    def _bitwise(self, tensors, fold, root, name):
+        """BAND / BOR / BXOR (not in the core): every rank's tensor all-gathered
+        (moved by its bytes), folded with torch's bitwise function on each
+        rank (root None) or on the root only."""
+        size = self.size()
+        with self._refusing("allgather"):
+            plans = []
+            for t in tensors:
+                if t.is_floating_point() or t.is_complex():
+                    raise TypeError("%s: bitwise ReduceOps take integer or bool tensors, not %s"
+                                    % (name, t.dtype))
+                src = T.host_flat(t)
+                view, _ = T.core_view(src)
+                plans.append((t, view, torch.empty(src.numel() * size, dtype=T.word_dtype(t))))
+        handles = [self._comm.allgather_async(view, flat, counts=[view.numel()] * size,
+                                              name="torch." + name)
+                   for _, view, flat in plans]
+
+        def then():
+            if root is not None and self.rank() != root:
+                return
+            for t, _, flat in plans:
+                rows = T.unword(flat, torch.empty(flat.numel(), dtype=t.dtype)).view(size, t.numel())
+                out = rows[0]
+                for row in rows[1:]:
+                    out = fold(out, row)
+                t.copy_(out.view(t.shape))
+        return self._queued(handles, list(tensors), then, name)
 
     # -------------------------------------------------------- data movement
     def broadcast(self, tensors, opts=None):
@@ -275,6 +311,9 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
         return Work(requests, list(tensors), None, "send")
 
     def recv(self, tensors, src, tag=0):
+        return self._receive(tensors, src, tag, Work, "recv")
+
+    def _receive(self, tensors, src, tag, work_class, name):
         requests, thens = [], []
         for t in tensors:
             if t.device.type == "cpu" and t.is_contiguous():
@@ -283,11 +322,25 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
             staged = torch.empty(t.shape, dtype=t.dtype)
             requests.append(self._p2p.irecv(staged, src, tag))
             thens.append(lambda t=t, staged=staged: t.copy_(staged))
-        return Work(requests, list(tensors), T.chain(*thens), "recv")
+        return work_class(requests, list(tensors), T.chain(*thens), name)
 
     def recv_anysource(self, tensors, tag=0):
-        raise NotImplementedError("recv from any source (dist.recv(t) without src) is not in "
-                                  "the hpcdl backend yet; name the source rank")
+        """dist.recv(t) / irecv(t) without src: MPI_ANY_SOURCE; torch asks the
+        Work's _source_rank() which rank it came from."""
+        if len(tensors) != 1:
+            raise ValueError("recv from any source takes one tensor, not %d" % len(tensors))
+        return self._receive(tensors, None, tag, _AnySourceWork, "recv_anysource")
+
+    # ---------------------------------------------------- monitored barrier
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """A barrier that names the ranks that do not arrive within timeout
+        (a timedelta or seconds; default this group's timeout): BarrierTimeout
+        (a RuntimeError) on rank 0 and on the ranks that came. torch's
+        dist.monitored_barrier admits gloo only: call
+        hpcdl.torch.distributed.monitored_barrier(group, timeout)."""
+        timeout = self._timeout if timeout is None else timeout
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        self._p2p.monitored_barrier(seconds, wait_all_ranks)
 
     # ----------------------------------------------------------- sub-groups
     def new_group(self, ranks, timeout=None, pg_options=None, group_name=None,
@@ -320,6 +373,18 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
         if getattr(self, "_owns_comm", False) and self._comm is not None:
             comm, self._comm = self._comm, None
             comm.free()
+
+
+class _AnySourceWork(Work):
+    """A receive from any source: _source_rank() is the sender's rank in the group."""
+
+    def _source_rank(self):
+        self.wait()
+        return self._sources[0].source
+
+    def __init__(self, handles, result, then, name):
+        super().__init__(handles, result, then, name)
+        self._sources = list(handles)  # Work forgets its handles once done
 
 
 def _tell_others(communicator, kind):
