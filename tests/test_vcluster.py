@@ -265,6 +265,26 @@ def test_torchrun_script_meets_at_the_first_host(vc, tmp_path):
 
 
 @pytest.mark.mpi
+def test_torch_backend_ddp_2x2_matches_one_process(vc):
+    """Issue 30: examples/torchrun_ddp.py (DDP on backend "hpcdl") across 2
+    hosts x 2 ranks, the same file as one process: the weights within 1e-6."""
+    base = shared_dir("torch_backend_ddp")  # rank 0 saves; the test reads it here
+    script = os.path.join(REPO, "examples", "torchrun_ddp.py")
+    r = hrun("2x2", [PY, script, "--save", os.path.join(base, "four.pt")], timeout=300)
+    assert said(r.stdout, "(4 ranks, backend hpcdl)") == 3, r.stdout
+    env = mpi_env({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"})
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    subprocess.run([PY, script, "--save", os.path.join(base, "one.pt")], env=env, cwd=REPO,
+                   timeout=120, check=True, capture_output=True)
+    import torch
+    got, want = (torch.load(os.path.join(base, f)) for f in ("four.pt", "one.pt"))
+    for k in want:  # 24 SGD steps, sums in another order (hier across hosts)
+        rel = ((got[k] - want[k]).abs().max() / want[k].abs().max()).item()
+        assert rel <= 1e-6, (k, rel)
+
+
+@pytest.mark.mpi
 def test_bench_header_names_hosts_link_and_shared_cores(vc):
     # the hosts are namespaces of one machine: its cores, not a sum over hosts
     r = vexec("node1", HPCDL + ["bench", "allreduce", "-n", "2", "-H", "node1:1,node2:1",
