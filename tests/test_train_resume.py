@@ -18,6 +18,7 @@ import pytest
 import hang_guard
 from mpi_harness import REPO, mpi_env, run_mpi
 from hpcdl.cli.run import mpirun_command
+from hpcdl.utils.atomic import TMP_MARK
 
 TRAIN = [sys.executable, "-m", "hpcdl", "train"]
 RECIPE = ["--epochs", "8", "--global-batch", "64", "--optimizer", "lars", "--base-lr", "2",
@@ -187,7 +188,7 @@ def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
                             text=True, env=mpi_env())
     assert proc.stdout.readline().strip() == "saved small"
     clock = hang_guard.Clock(60)
-    while not [p for p in os.listdir(tmp_path) if ".tmp." in p]:
+    while not [p for p in os.listdir(tmp_path) if TMP_MARK in p]:
         assert not clock.expired(), "the large save never started"
         time.sleep(0.001)
     proc.kill()

@@ -16,6 +16,8 @@ import zlib
 
 import numpy as np
 
+from ..utils.atomic import write_json
+
 FORMAT = "hpcdl-h5-shards"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -145,10 +147,4 @@ class Manifest:
 
 def write_manifest(directory, doc):
     """Writes manifest.json atomically (a reader never sees half of it)."""
-    path = os.path.join(directory, MANIFEST)
-    tmp = path + ".tmp-%d" % os.getpid()
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
+    return write_json(os.path.join(directory, MANIFEST), doc, indent=1)

@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from ..utils.atomic import atomic_open
 from .manifest import DataError
 
 PACKAGE = "mnist1d"
@@ -156,16 +157,8 @@ def _write_chunk(folder, split, i):
     """Generates chunk i of split into its file (temporary name, then os.replace)."""
     x, y = make_chunk(split, i)
     path = chunk_path(folder, split, i)
-    tmp = "%s.tmp-%d-%d" % (path, os.getpid(), time.monotonic_ns())
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, x=x, y=y)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_open(path) as f:
+        np.savez(f, x=x, y=y)
     return split, i
 
 

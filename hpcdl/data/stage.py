@@ -20,6 +20,7 @@ import os
 import shutil
 import time
 
+from ..utils.atomic import copy_file
 from . import _mpi
 from .manifest import MANIFEST, DataError, Manifest
 
@@ -101,10 +102,7 @@ def _check_space(where, m, todo):
 def _copy(src, dst):
     """src to dst through a temporary name; the data, then size and mtime."""
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    tmp = "%s.tmp-%d" % (dst, os.getpid())
-    shutil.copyfile(src, tmp)
-    shutil.copystat(src, tmp)  # the mtime that tells a later call it is current
-    os.replace(tmp, dst)
+    copy_file(src, dst)  # with the mtime that tells a later call it is current
 
 
 def _say(directory, target, copied, total, seconds):

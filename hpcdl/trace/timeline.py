@@ -19,6 +19,7 @@ import json
 import os
 
 from .. import comm
+from ..utils.atomic import atomic_open
 
 _active = None
 
@@ -61,10 +62,8 @@ class Timeline:
 
     def write(self, path=None, events=None):
         path = path or self.path
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
+        with atomic_open(path, "w", durable=False) as f:  # readers never see half a file
             json.dump({"traceEvents": events or self.events, "displayTimeUnit": "ms"}, f)
-        os.replace(tmp, path)  # readers never see half a file
 
 
 def active():

@@ -18,6 +18,7 @@ import os
 import torch
 
 from .. import comm
+from ..utils.atomic import atomic_open
 from .errors import ConfigError
 
 FORMAT = 1
@@ -56,18 +57,12 @@ def save(path, state):
     on disk (collective)."""
     error = None
     if comm.rank() == 0:
-        tmp = "%s.tmp.%d" % (path, os.getpid())
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(tmp, "wb") as f:
+            with atomic_open(path) as f:
                 torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)  # atomic on POSIX: old or new, never half
         except OSError as e:
             error = "could not write checkpoint %s: %s" % (path, e)
-            if os.path.exists(tmp):
-                os.unlink(tmp)
     comm.raise_if_any(error, ConfigError)
 
 

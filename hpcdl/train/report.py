@@ -13,6 +13,7 @@ import time
 import torch
 
 from .. import comm
+from ..utils.atomic import write_json
 
 PLAIN_EVERY_S = 30.0
 
@@ -138,10 +139,7 @@ def params_digest(model):
 
 
 def _write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+    write_json(path, obj, indent=1)
 
 
 def plot_curves(metrics_path, png_path):

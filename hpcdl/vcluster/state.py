@@ -5,6 +5,8 @@ half-way. Also the folder's layout (one folder per host for its scratch)."""
 import json
 import os
 
+from ..utils.atomic import TMP_MARK, write_json
+
 # one vcluster per machine; the folder must not be under /tmp (hosts get their own)
 DEFAULT_DIR = "/run/hpcdl-vcluster"
 STATE_FILE = "state.json"
@@ -35,10 +37,7 @@ def load():
 def save(st):
     """Writes the state atomically (a reader never sees half a file)."""
     os.makedirs(state_dir(), exist_ok=True)
-    tmp = path(STATE_FILE + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(st, f, indent=1)
-    os.replace(tmp, path(STATE_FILE))
+    write_json(path(STATE_FILE), st, indent=1)
 
 
 def claim(st):
@@ -73,10 +72,18 @@ def record(st, kind, **what):
     return item
 
 
+def _names():
+    try:
+        return os.listdir(state_dir())
+    except FileNotFoundError:
+        return []
+
+
 def remove():
     """Removes the state file (the last step of down), and the folder when
     an up made it (and nothing else is left in it)."""
-    for name in (STATE_FILE, STATE_FILE + ".tmp"):
+    left = [n for n in _names() if n.startswith(STATE_FILE + TMP_MARK)]  # a kill mid-save
+    for name in [STATE_FILE] + left:
         try:
             os.unlink(path(name))
         except FileNotFoundError:

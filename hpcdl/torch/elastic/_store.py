@@ -10,6 +10,8 @@ import os
 
 import torch
 
+from ...utils.atomic import atomic_open
+
 FILE = "state.pt"
 FORMAT = "hpcdl-elastic-1"
 
@@ -33,12 +35,8 @@ def save(payload):
         return None
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, FILE)
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "wb") as f:
+    with atomic_open(path) as f:
         torch.save(dict(payload, format=FORMAT), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return path
 
 

@@ -32,6 +32,7 @@ import os
 
 import torch
 
+from ...utils.atomic import atomic_open
 from .layout import block_counts, pieces_of
 
 FORMAT = 1
@@ -44,17 +45,11 @@ def rank_file(rank, size):
 
 def _atomic(path, write):
     """write(f) into path via tmp + fsync + rename; returns an error text or None."""
-    tmp = "%s.tmp.%d" % (path, os.getpid())
     try:
-        with open(tmp, "wb") as f:
+        with atomic_open(path) as f:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
         return None
     except Exception as e:  # a full disk may surface as torch's RuntimeError: agree on it
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         return "could not write %s: %s" % (path, e)
 
 
