@@ -26,7 +26,8 @@ did. Ranks that did not come are named in a BarrierTimeout on rank 0 and on
 every rank that came; a rank whose verdict does not come in time (rank 0
 itself is stuck) raises one naming rank 0. It runs on a second duplicate
 communicator, one tag per barrier, so a late token never counts for a later
-barrier.
+barrier (rank 0 keeps its receive posted until close(), so the late token
+is taken and not left unmatched).
 """
 import time
 
@@ -124,22 +125,21 @@ class PointToPoint:
         tokens = {r: self._ctl_recv(bytearray(1), r, tag) for r in range(1, self.size)}
         _poll_until(lambda: all(q.poll() for q in tokens.values()), deadline)
         missing = [r for r, q in tokens.items() if not q.poll()]
-        for r in missing:
-            tokens[r].cancel()
+        self._tidy()  # a late token still lands in its receive (cancelled at close)
+        self._stale += [(tokens[r]._req, tokens[r]._buf, True) for r in missing]
         named = missing if wait_all_ranks else missing[:1]
         verdict = bytearray(len(named).to_bytes(4, "little") + b"".join(
             r.to_bytes(4, "little") for r in named)).ljust(4 * self.size, b"\0")
-        self._tidy()
-        self._stale += [(self._ctl.Isend([verdict, MPI.BYTE], r, tag), verdict)
+        self._stale += [(self._ctl.Isend([verdict, MPI.BYTE], r, tag), verdict, False)
                         for r in range(1, self.size) if r not in missing]
         if named:
             raise BarrierTimeout(_missing_text(named, timeout_s, self.size, wait_all_ranks))
 
     def _tidy(self):
-        """Forgets the barrier messages sent earlier that have gone out (a
-        send to a rank that gave up may stay pending; it never matches a
-        later barrier's tag)."""
-        self._stale = [(q, buf) for q, buf in self._stale if not q.Test()]
+        """Forgets the earlier barriers' messages that are done: verdicts sent
+        and tokens received after their barrier timed out (each barrier has its
+        own tag, so a late one never counts for a later barrier)."""
+        self._stale = [entry for entry in self._stale if not entry[0].Test()]
 
     def _ctl_recv(self, buf, source, tag):
         return Request(self._ctl.Irecv([buf, MPI.BYTE], source, tag), buf, receive=True)
@@ -147,7 +147,7 @@ class PointToPoint:
     def _barrier_member(self, tag, deadline, timeout_s):
         self._tidy()
         token = bytearray(1)
-        self._stale.append((self._ctl.Isend([token, MPI.BYTE], 0, tag), token))
+        self._stale.append((self._ctl.Isend([token, MPI.BYTE], 0, tag), token, False))
         verdict = bytearray(4 * self.size)
         answer = self._ctl_recv(verdict, 0, tag)
         _poll_until(answer.poll, deadline)
@@ -166,6 +166,10 @@ class PointToPoint:
     def close(self):
         """Collective over the ranks: frees the duplicate communicators."""
         if self._mpi is not None:
+            for req, _, receive in self._stale:
+                if receive and not req.Test():  # a token that never came
+                    req.Cancel()
+                    req.Wait()
             self._mpi.Free()
             self._ctl.Free()
             self._mpi = self._ctl = None
