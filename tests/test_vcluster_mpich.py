@@ -1,7 +1,8 @@
 """test_vcluster_mpich.py - MPICH's hydra across vcluster hosts (#16): `hpcdl
 run -H` and a plain `mpiexec.mpich -hosts` start ranks on two hosts through
 the vcluster's agent (HYDRA_LAUNCHER=rsh, HYDRA_LAUNCHER_EXEC), and hpcdl's
-collectives agree with MPICH's own MPI_Allreduce across the link. Runs in
+collectives agree with MPICH's own MPI_Allreduce across the link; the
+torch.distributed backend "hpcdl" passes its collectives check there. Runs in
 `make test-mpich` (the venv whose core and mpi4py are MPICH's); under Open
 MPI it skips, saying so. Needs root, as every vcluster test. Each launch has a
 hard timeout; the cluster is always taken down."""
@@ -44,6 +45,19 @@ def test_hpcdl_run_hydra_2x2_collectives(vc):
               timeout=120)
     assert "mpiexec.mpich" in r.stdout and "-hosts node1:2,node2:2" in r.stdout, r.stdout
     assert r.returncode == 0 and "FAILED 0" in r.stdout, r.stdout
+    assert not wait_no_leftovers(), "processes left on the hosts: %s" % leftovers()
+
+
+@pytest.mark.mpi
+def test_torch_backend_collectives_across_hosts(vc):
+    # issue 30: torch.distributed on backend "hpcdl" under hydra, one rank on
+    # each host: every collective, bitwise ops, sub-groups, point-to-point (also
+    # from any source), monitored_barrier and the mismatch errors against
+    # one-process math (the check test_torch_backend runs under Open MPI)
+    r = vexec("node1", HPCDL + ["run", "-n", "2", "-H", "node1:1,node2:1", "--", PY,
+                                os.path.join(SCRIPTS, "torch_backend_check.py"), "all"],
+              timeout=300)
+    assert r.returncode == 0 and "FAILED 0 (2 ranks" in r.stdout, r.stdout
     assert not wait_no_leftovers(), "processes left on the hosts: %s" % leftovers()
 
 
