@@ -43,6 +43,7 @@ class DataParallelOptimizer(OptimizerWrapper):
     GRADIENT_OPTIONS (Horovod's keywords)."""
     zero_stage = 0
     _noise = None  # the gradient noise scale's Meter (noise_scale.py), when asked for
+    _adascale = None  # AdaScale's gain and progress (adascale.py), when asked for
 
     def __init__(self, optimizer, named_parameters=None, process_set=None, **options):
         from ._basics import comm_op
@@ -120,7 +121,10 @@ class DataParallelOptimizer(OptimizerWrapper):
                               "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
-        loss = self._step(closure)
+        if self._adascale is not None:  # the lr times the gain for this step
+            loss = self._adascale.step(self.param_groups, lambda: self._step(closure))
+        else:
+            loss = self._step(closure)
         if self._noise is not None:
             self._noise.commit()  # the step counts (one the loss scaler skips never gets here)
         return loss
@@ -150,6 +154,36 @@ class DataParallelOptimizer(OptimizerWrapper):
     def noise_meter(self, meter):
         """Set by hvd.DistributedOptimizer(noise_scale=True) (distributed_optimizer.py)."""
         self._noise = meter
+
+    # ------------------------------------------------------------ AdaScale
+    def gain(self):
+        """AdaScale's gain (built with adascale=...; docs/adascale.md): the
+        factor the latest step's lr was multiplied by, from the noise scale's
+        estimates so far, in [1, scale]; 1 before the first step. The same on
+        every rank; not collective."""
+        if self._adascale is None:
+            if self.reducer.comm is None:  # outside the process set
+                return 1.0
+            raise RuntimeError("gain() needs the optimizer built with "
+                               "hvd.DistributedOptimizer(..., adascale=True)")
+        return self._adascale.gain()
+
+    @property
+    def scale_invariant_steps(self):
+        """AdaScale's progress: the sum of the steps' gains, in base-batch steps
+        (0.0 before the first step, and without adascale=...)."""
+        return self._adascale.progress.steps if self._adascale is not None else 0.0
+
+    @property
+    def adascale(self):
+        """The AdaScale object (adascale.py: .scale, .progress, state_dict() for
+        checkpoints), or None without adascale=..."""
+        return self._adascale
+
+    @adascale.setter
+    def adascale(self, value):
+        """Set by hvd.DistributedOptimizer(adascale=...) (distributed_optimizer.py)."""
+        self._adascale = value
 
     def set_loss_scale(self, scale):
         """fp16 loss scaling: the factor this step's loss was multiplied by.

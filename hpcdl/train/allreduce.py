@@ -11,8 +11,15 @@ batch: N ranks follow the path of one process with the same G and seed, up to
 float rounding (models with batch norm normalise per rank, as DDP does, so
 they follow it only approximately).
 
+--lr-scaling adascale (docs/adascale.md): DistributedOptimizer(adascale=G /
+base batch) multiplies each step's lr by the AdaScale gain; the schedule is
+the base batch's (its steps per epoch), read at the scale-invariant progress,
+and training ends when the progress reaches that schedule's steps (done()),
+in the middle of a pass over the data if need be.
+
 State saved: the replica (model, optimizer, schedule, loss scale, RNG) as
-every rank holds it, plus each rank's top-k residuals; rank 0 writes it.
+every rank holds it, plus each rank's top-k residuals and AdaScale's progress
+and noise estimates; rank 0 writes it.
 The loop around it is trainer.py's; the interface it fills is described there.
 """
 import math
@@ -51,6 +58,8 @@ class AllReduce:
         self.opt = self.sched = self.scaler = self.compression = None
         self.zero_stage = 0  # zero.py's strategy shards the optimizer (1, 2)
         self.noise_on = False  # DistributedOptimizer measures the noise scale (build())
+        self.n_train = None    # training samples, set by the trainer before build()
+        self.base_total = None  # adascale: the base schedule's steps (the end of training)
 
     # ------------------------------------------------------------ set-up
     def build(self, model, steps):
@@ -62,11 +71,21 @@ class AllReduce:
         local = build.build_optimizer(cfg, model)
         self.noise_on = noise_scale_option(cfg)
         self.compression = build.build_compression(cfg.compression)
+        adascale = cfg.lr_scaling == "adascale"
         self.opt = hvd.DistributedOptimizer(local, named_parameters=model.named_parameters(),
                                             compression=self.compression,
                                             zero_stage=self.zero_stage,
-                                            noise_scale=self.noise_on)
-        self.sched = build.build_schedule(cfg, self.opt, steps)
+                                            noise_scale=self.noise_on,
+                                            adascale=cfg.global_batch / cfg.base_batch
+                                            if adascale else False)
+        if adascale:  # the base batch's schedule, read at the scale-invariant progress
+            from ..optim.adascale import ScaleInvariantScheduler
+            base = build.build_schedule(cfg, self.opt, data.steps_per_epoch(
+                self.n_train, cfg.base_batch))
+            self.base_total = base.plan["total_steps"]
+            self.sched = ScaleInvariantScheduler(base, lambda: self.opt.scale_invariant_steps)
+        else:
+            self.sched = build.build_schedule(cfg, self.opt, steps)
         self.scaler = LossScaler(agree=comm.any_rank) if cfg.precision == "fp16" else None
 
     def start_fresh(self):
@@ -83,7 +102,15 @@ class AllReduce:
                    cfg.global_batch // size, data.steps_per_epoch(ds.n_train, cfg.global_batch),
                    cfg.optimizer, build.peak_lr(cfg), cfg.base_lr, cfg.lr_scaling,
                    cfg.warmup_epochs, cfg.schedule, cfg.precision, cfg.compression, cfg.seed,
-                   self.device))
+                   self.device)) + self.describe_adascale()
+
+    def describe_adascale(self):
+        """adascale: where training ends (the epochs shown are passes over the data)."""
+        if self.base_total is None:
+            return ""
+        return ("; AdaScale: the schedule of batch %d (%d steps in %g epochs) read at the "
+                "scale-invariant progress, training ends when it reaches %d"
+                % (self.cfg.base_batch, self.base_total, self.cfg.epochs, self.base_total))
 
     def lr(self):
         return self.opt.param_groups[0]["lr"]
@@ -95,6 +122,8 @@ class AllReduce:
         self.model.train()
         batches = run.ds.train_batches(rows[run.step_in_epoch:])
         for s in range(run.step_in_epoch, len(rows)):
+            if self.done():  # adascale: the base schedule is spent
+                break
             signum = stop.agreed()
             if signum:
                 return signum
@@ -135,6 +164,9 @@ class AllReduce:
         if buffers:
             hvd.broadcast_parameters(buffers, root_rank=0)
         extra = dict(b_simple=self.b_simple())
+        if self.base_total is not None:  # adascale: this step's gain, the progress so far
+            extra.update(gain=self.opt.gain(), scale_invariant_steps=self.opt.
+                         scale_invariant_steps, base_steps=self.base_total)
         if self.scaler is None:
             return extra
         return dict(extra, loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped)
@@ -147,10 +179,27 @@ class AllReduce:
             if self.noise_on else None
         return ns.b_simple if ns is not None and math.isfinite(ns.b_simple) else None
 
+    def adascale(self):
+        """The optimizer's AdaScale (--lr-scaling adascale), or None."""
+        return getattr(self.opt, "adascale", None)
+
+    def done(self):
+        """Whether training is over before --epochs passes over the data: with
+        adascale, once the progress reaches the base schedule's steps; None
+        (the trainer counts epochs) otherwise. The same on every rank."""
+        if self.base_total is None:
+            return None
+        return self.opt.scale_invariant_steps >= self.base_total
+
     def finish(self):
         """Collective, after the last epoch: the summary's extra fields."""
-        return dict(optimizer=self.cfg.optimizer, precision=self.cfg.precision,
-                    skipped_steps=self.scaler.skipped if self.scaler else 0)
+        extra = dict(optimizer=self.cfg.optimizer, precision=self.cfg.precision,
+                     skipped_steps=self.scaler.skipped if self.scaler else 0)
+        if self.base_total is not None:
+            progress = self.adascale().progress
+            extra.update(scale_invariant_steps=progress.steps, base_steps=self.base_total,
+                         mean_gain=progress.mean_gain())
+        return extra
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self):
@@ -164,13 +213,23 @@ class AllReduce:
             # top-k residuals differ per rank: rank r's dict is item r
             "residuals": comm.gather_object(compression(), root=0) if compression else None,
             "ranks": comm.size(),
+            "adascale": self.adascale().state_dict() if self.adascale() else None,
         }
 
     def load_state_dict(self, state):
         self.check_sharding(state)
+        if (state.get("adascale") is None) != (self.adascale() is None):
+            from .errors import ConfigError
+            raise ConfigError("checkpoint %s was written by a run %s --lr-scaling adascale, "
+                              "this run is %s it; resume with the same --lr-scaling"
+                              % ((checkpoint.resumed_path(self.cfg),) + (
+                                  ("with", "without") if self.adascale() is None else
+                                  ("without", "with"))))
         self.model.load_state_dict(state["model"])
         self.load_optimizer(state)
         self.sched.load_state_dict(state["scheduler"])
+        if self.adascale() is not None:
+            self.adascale().load_state_dict(state["adascale"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng"]["torch"])

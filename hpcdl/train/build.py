@@ -32,10 +32,11 @@ def build_model(cfg, ds):
 
 
 def peak_lr(cfg):
-    """base_lr scaled to the global batch by --lr-scaling (Goyal et al. 2017)."""
+    """base_lr scaled to the global batch by --lr-scaling (Goyal et al. 2017);
+    adascale: base_lr, multiplied by each step's gain in the optimizer."""
     from ..optim import scale_lr
     return scale_lr(cfg.base_lr, cfg.global_batch, base_batch=cfg.base_batch,
-                    rule=cfg.lr_scaling)
+                    rule="none" if cfg.lr_scaling == "adascale" else cfg.lr_scaling)
 
 
 def param_groups(cfg, model):

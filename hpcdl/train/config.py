@@ -32,7 +32,7 @@ RECIPES = ("plain", "goyal", "lars", "lamb")
 RECIPE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "recipes")
 SCHEDULES = ("constant", "step", "poly", "cosine")
-LR_SCALING = ("none", "linear", "sqrt")
+LR_SCALING = ("none", "linear", "sqrt", "adascale")
 PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("allreduce", "ps-bsp", "ps-asp", "ps-ssp")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -55,7 +55,8 @@ class TrainConfig:
     optimizer: str = "sgd"
     base_lr: float = 0.1          # the lr at base_batch; --lr-scaling scales it to global_batch
     base_batch: int = 256
-    lr_scaling: str = "none"      # none: lr = base_lr; linear: x G/base_batch; sqrt
+    lr_scaling: str = "none"      # none: lr = base_lr; linear: x G/base_batch; sqrt;
+                                  # adascale: x the AdaScale gain, epochs in base-batch progress
     momentum: float = 0.9         # SGD, LARS, LARC (LAMB and Adam: betas 0.9, 0.999)
     weight_decay: float = 0.0
     no_decay_bias_norm: bool = False  # biases and norm parameters get no weight decay
@@ -105,6 +106,7 @@ class TrainConfig:
         self._check_ps(size)
         self._check_zero()
         _positive("--global-batch", self.global_batch)
+        self._check_adascale(size)
         if self.global_batch % self._workers(size):
             w = self._workers(size)
             fits = [k for k in range(1, min(self.global_batch, 64) + 1)
@@ -172,6 +174,25 @@ class TrainConfig:
             raise ConfigError("--zero 3 compresses with fp16 or bf16 only, not --compression "
                               "%s: top-k keeps residuals of whole gradients, which no rank "
                               "holds at stage 3" % self.compression)
+
+    def _check_adascale(self, size):
+        """--lr-scaling adascale takes its gain from the gradient noise scale,
+        measured by the all-reduce strategy's DistributedOptimizer."""
+        if self.lr_scaling != "adascale":
+            return
+        why = ("--mode %s (it needs the all-reduce strategy's optimizer)" % self.mode
+               if self.mode != "allreduce" else
+               "--zero 3 (use --zero 0, 1 or 2)" if self.zero == 3 else
+               "--compression %s (the noise scale needs the whole averaged gradient: use "
+               "none, fp16 or bf16)" % self.compression if self.compression.startswith("topk")
+               else "1 rank (the gain compares each rank's gradient with their average: "
+               "run on 2 or more)" if size < 2 else None)
+        if why:
+            raise ConfigError("--lr-scaling adascale does not work with %s" % why)
+        if self.global_batch < self.base_batch:
+            raise ConfigError("--lr-scaling adascale needs --global-batch (%d) >= --base-batch "
+                              "(%d): the gain scales the base batch's lr up, never down"
+                              % (self.global_batch, self.base_batch))
 
     def _workers(self, size):
         return size - self.ps_ranks if self.mode.startswith("ps-") else size
@@ -343,7 +364,9 @@ def recipe_lines(cfg, peak_lr):
         return []
     rule = {"linear": "x %g/%d" % (cfg.global_batch, cfg.base_batch),
             "sqrt": "x sqrt(%g/%d)" % (cfg.global_batch, cfg.base_batch),
-            "none": "unscaled"}[cfg.lr_scaling]
+            "none": "unscaled",
+            "adascale": "x the AdaScale gain, in [1, %g]" % (cfg.global_batch / cfg.base_batch)
+            }[cfg.lr_scaling]
     start = cfg.base_lr if cfg.warmup_start_lr is None else cfg.warmup_start_lr
     text = ["recipe %s (%s):" % (cfg.recipe, recipe_path(cfg.recipe)),
             "  %s, base lr %g at batch %d, %s scaling -> lr %g at global batch %d (%s)"

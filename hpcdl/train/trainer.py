@@ -27,6 +27,7 @@ its mode to config.MODES and one line to STRATEGIES here. The loop does not
 change. A strategy never imports this module; this module imports them.
 
     Strategy(cfg)                          after comm.init(); sets .device
+    .n_train                               set by the loop before build(): training samples
     .build(model, steps)                   optimizer, lr schedule (collective); then
                                            .data_rank / .data_ranks: the slice of each
                                            global batch this rank reads
@@ -38,6 +39,7 @@ change. A strategy never imports this module; this module imports them.
                                            where this strategy may stop, call
                                            run.step_done() per step taken
     .end_epoch(run) -> dict                collective; extra fields of the epoch record
+    .done() -> bool or None                optional: the run is over (None: after --epochs)
     .state_dict() / .load_state_dict(s)    the strategy's part of a checkpoint
     .checkpoint_written()                  optional: after checkpoint.pt is on disk
     .finish() -> dict                      collective, after the last epoch; extra summary
@@ -83,6 +85,7 @@ def train(cfg):
     torch.manual_seed(cfg.seed)
     ds, steps = load_data(cfg)
     model = build.build_model(cfg, ds).to(strategy.device)
+    strategy.n_train = ds.n_train
     strategy.build(model, steps)
     run = Run(cfg, ds, model, strategy)
     resume_or_start(run)
@@ -94,13 +97,13 @@ def train(cfg):
     reporter = Reporter(cfg, resumed=run.global_step > 0)
     rec = None
     try:
-        while run.epoch <= cfg.epochs:
+        while not finished(run):
             signum = train_epoch(run, reporter, stop)
             if signum:
                 return stopped(run, signum)
             rec = end_epoch(run, reporter)
             if cfg.checkpoint_dir and (rec["epoch"] % cfg.checkpoint_every == 0
-                                       or rec["epoch"] == cfg.epochs):
+                                       or finished(run)):
                 save_checkpoint(run)
         extra = strategy.finish()
     finally:
@@ -139,6 +142,14 @@ class Run:
         self.sums["seen"] += seen
         self.step_in_epoch, self.global_step = s + 1, self.global_step + 1
         reporter.step(s, loss_sum / seen)
+
+
+def finished(run):
+    """Whether the run is over: --epochs epochs done, or where the strategy
+    says (its optional done(): AdaScale ends when its progress reaches the base
+    schedule's steps, allreduce.py)."""
+    done = getattr(run.strategy, "done", lambda: None)()
+    return run.epoch > run.cfg.epochs if done is None else done
 
 
 def zero_sums():
