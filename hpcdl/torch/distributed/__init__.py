@@ -8,6 +8,8 @@
 Run under `hpcdl run -n 4 -- python train.py`, mpirun or srun; no
 MASTER_ADDR/MASTER_PORT needed (_rendezvous.py says how). Also as
 "cpu:hpcdl,cuda:hpcdl". What works and what not yet: docs/torch_distributed.md.
+torch's dist.monitored_barrier admits gloo only; monitored_barrier() here is
+the same call for this backend.
 
 Registering only records a creator with torch and starts nothing; hpcdl.comm
 is initialised (hpcdl.comm.init()) in the rendezvous or in the creator, when
