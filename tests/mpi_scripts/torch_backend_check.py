@@ -93,8 +93,8 @@ def bitwise():
     for root in range(N):
         t = data(R, (6,), torch.int64)
         dist.reduce(t, dst=root, op=OP.BOR)
-        close(t, bitwise_ref(OP.BOR, (6,), torch.int64) if R == root else data(R, (6,), torch.int64),
-              "reduce BOR root %d" % root)
+        want = bitwise_ref(OP.BOR, (6,), torch.int64) if R == root else data(R, (6,), torch.int64)
+        close(t, want, "reduce BOR root %d" % root)
     for call, bad, want in (
             (lambda: dist.all_reduce(torch.ones(3), op=OP.BAND), TypeError, "integer or bool"),
             (lambda: dist.reduce_scatter_tensor(torch.ones(1, dtype=torch.int32),

@@ -148,7 +148,8 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
             if root is not None and self.rank() != root:
                 return
             for t, _, flat in plans:
-                rows = T.unword(flat, torch.empty(flat.numel(), dtype=t.dtype)).view(size, t.numel())
+                rows = T.unword(flat, torch.empty(flat.numel(), dtype=t.dtype))
+                rows = rows.view(size, t.numel())
                 out = rows[0]
                 for row in rows[1:]:
                     out = fold(out, row)
