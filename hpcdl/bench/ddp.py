@@ -3,11 +3,12 @@
 and on gloo, same model, data and seed, in one run on the same ranks.
 
     hpcdl bench train -n 2 --backend hpcdl,gloo --model mlp
-    hpcdl bench train -n 2 --backend hpcdl,gloo --wrap ddp,fsdp2 --model resnet18 --batch 8
+    hpcdl bench train -n 2 --backend hpcdl,gloo --wrap ddp,fsdp2 --model resnet18
 
 gloo is the default group (as bench train starts it); hpcdl's group is
 new_group(backend="hpcdl") beside it (the default group itself when gloo is
-not asked for). Rows are named <wrap>-<backend> (ddp-hpcdl, ddp-gloo,
+not asked for). On a ResNet the CLI's defaults shrink (batch 8, 5 steps, 2
+repeats: under a minute on 2 cores). Rows are named <wrap>-<backend> (ddp-hpcdl, ddp-gloo,
 fsdp2-hpcdl, fsdp2-gloo) plus no-comm, every rank training alone (the compute
 floor). Timing as in `hpcdl bench train`: steps interleaved, order rotating,
 each timed from a barrier, the slowest rank's time; --repeats R gives medians

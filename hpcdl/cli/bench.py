@@ -137,15 +137,18 @@ def _register_train(sub):
     p.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "resnet50", "tiny"],
                    help="mlp (1024-4096-2048-10), resnet18, resnet50 (32x32 input) or tiny "
                         "(32-48-24-10, for tests) (default mlp)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
-    p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    p.add_argument("--steps", type=int, default=None,
+                   help="timed steps (default 20; 5 with --backend on a ResNet)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed steps first (default 3; 2 with --backend on a ResNet)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="samples per rank per step (default 32; 8 with --backend on a ResNet)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads per rank (default: cores / ranks on the node)")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=int, default=None,
                    help="run every implementation this many times, interleaved, and "
-                        "report medians and the range (default 3): one run on a shared "
-                        "machine is not a measurement")
+                        "report medians and the range (default 3; 2 with --backend on a "
+                        "ResNet): one run on a shared machine is not a measurement")
     p.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     p.add_argument("--fusion-mb", type=float, default=None,
                    help="hpcdl's fusion bucket size in MiB after the 1 MiB first one "
@@ -166,7 +169,17 @@ def _register_train(sub):
     p.set_defaults(func=run_train)
 
 
+# bench train's sizes; with --backend a ResNet gets a run of under a minute on 2 cores
+TRAIN_DEFAULTS = dict(steps=20, warmup=3, batch=32, repeats=3)
+BACKEND_RESNET_DEFAULTS = dict(steps=5, warmup=2, batch=8, repeats=2)
+
+
 def run_train(args):
+    sizes = (BACKEND_RESNET_DEFAULTS if args.backend is not None and
+             args.model.startswith("resnet") else TRAIN_DEFAULTS)
+    for name, value in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     for name in ("steps", "batch", "repeats"):
         if getattr(args, name) < 1:
             raise UsageError("--%s must be at least 1" % name)
