@@ -195,7 +195,9 @@ def test_every_variable_the_code_reads_is_documented():
 
 
 # ---------------------------------------------------------------- MPI starts at init
-@pytest.mark.parametrize("module", ["hpcdl.comm", "hpcdl.data"])
+@pytest.mark.parametrize("module", ["hpcdl.comm", "hpcdl.data", "hpcdl.torch",
+                                    "hpcdl.torch.distributed", "hpcdl.train", "hpcdl.cli.main",
+                                    "hpcdl.bench", "hpcdl.sim"])
 def test_import_starts_no_mpi(module):
     code = "import %s, sys; print('mpi4py.MPI' in sys.modules)" % module
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

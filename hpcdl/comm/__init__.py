@@ -20,8 +20,8 @@ Topology: local = ranks sharing memory with this one (a node), or virtual
 nodes of HPCDL_LOCAL_SIZE ranks; cross = ranks with the same local rank.
 
 Importing hpcdl.comm does not start MPI: init() does (or the first use of
-Communicator, Handle, CoreError, MismatchError or wtime, which load the C
-core, and the core loads mpi4py.MPI). Before the core loads, its MPI is
+Communicator, Handle or wtime, which load the C core, and the core loads
+mpi4py.MPI); CoreError and MismatchError are plain Python (errors.py). Before the core loads, its MPI is
 checked against mpi4py's: a core and an mpi4py on two MPIs give one error
 line, not a crash.
 """
@@ -32,6 +32,7 @@ import sys
 from ..utils import log, mpi_info
 from ..utils.launch import env_rank  # noqa: F401 - the launcher's rank, before MPI is up
 from ..utils.log import get_logger, print0, warn
+from .errors import CoreError, MismatchError
 
 __all__ = ["init", "is_initialized", "shutdown", "world", "rank", "size", "local_rank",
            "local_size", "cross_rank", "cross_size", "thread_level", "allreduce",
@@ -43,7 +44,7 @@ __all__ = ["init", "is_initialized", "shutdown", "world", "rank", "size", "local
 _world = None
 _thread_level = None
 _THREAD_NAMES = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
-_LAZY = ("Communicator", "CoreError", "Handle", "MismatchError", "wtime")  # communicator.py's
+_LAZY = ("Communicator", "Handle", "wtime")  # communicator.py's
 _core_module = None
 
 
@@ -77,7 +78,7 @@ def _communicator():
 
 
 def __getattr__(name):
-    """Communicator, Handle, CoreError, MismatchError, wtime: on first use."""
+    """Communicator, Handle, wtime: on first use."""
     if name in _LAZY:
         return getattr(_communicator(), name)
     raise AttributeError("module %r has no attribute %r" % (__name__, name))

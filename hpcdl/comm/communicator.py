@@ -30,7 +30,7 @@ from numpy import ndarray as _ndarray
 # fields of each collective's agreement-check signature (src_c/agree.c)
 SIG_FIELDS = {"allgather": 4, "allreduce": 6}
 
-MismatchError = _core.MismatchError
+MismatchError = _core.MismatchError  # hpcdl/comm/errors.py's, the core's too
 CoreError = _core.CoreError
 wtime = MPI.Wtime  # seconds; the clock the C engine stamps its timeline with
 

@@ -231,8 +231,13 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (PyType_Ready(&ContextType) < 0) return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
-    CoreError = PyErr_NewException("hpcdl._core.CoreError", PyExc_RuntimeError, NULL);
-    MismatchError = PyErr_NewException("hpcdl._core.MismatchError", CoreError, NULL);
+    /* the classes of hpcdl/comm/errors.py, so that naming them loads no MPI */
+    PyObject *errors = PyImport_ImportModule("hpcdl.comm.errors");
+    if (!errors) return NULL;
+    CoreError = PyObject_GetAttrString(errors, "CoreError");
+    MismatchError = PyObject_GetAttrString(errors, "MismatchError");
+    Py_DECREF(errors);
+    if (!CoreError || !MismatchError) return NULL;
     Py_INCREF(&ContextType);
     PyModule_AddObject(m, "Context", (PyObject *)&ContextType);
     PyModule_AddObject(m, "CoreError", CoreError);
