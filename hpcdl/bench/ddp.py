@@ -27,7 +27,7 @@ from mpi4py import MPI
 
 from .. import comm
 from .allreduce import start_gloo, start_hpcdl_group
-from .train import Impl, batches, build_model, interleaved, max_param_diff, sgd_step, start
+from .train import Impl, build_model, interleaved, max_param_diff, model_and_data, sgd_step, start
 from .zero import _local, fully_shard_units
 
 BACKENDS = ("hpcdl", "gloo")
@@ -130,9 +130,7 @@ def summarize(reps, wraps):
 def run(opts):
     world, job, threads = start(opts)
     mpi = world.mpi
-    model, shape, classes = build_model(opts.model)
-    nparams = sum(p.numel() for p in model.parameters())
-    data = batches(opts, shape, classes, world.rank, opts.warmup + opts.steps)
+    nparams, data = model_and_data(opts, world.rank)
     gs = groups(mpi, job, opts.backends)
     say = comm.print0
     say("# hpcdl bench train --backend %s --wrap %s: the same PyTorch code on each "

@@ -67,6 +67,13 @@ def build_model(name):
     raise ValueError("unknown model %r; use mlp, resnet18, resnet50 or tiny" % name)
 
 
+def model_and_data(opts, rank):
+    """(parameter count of opts.model, this rank's warm-up + timed batches)."""
+    model, shape, classes = build_model(opts.model)
+    return (sum(p.numel() for p in model.parameters()),
+            batches(opts, shape, classes, rank, opts.warmup + opts.steps))
+
+
 def batches(opts, shape, classes, rank, n):
     """This rank's batches: the same global data whatever the implementation."""
     g = torch.Generator().manual_seed(1000 + rank)
@@ -303,8 +310,7 @@ def run(opts):
     if opts.fusion_mb is not None:  # read when DistributedOptimizer plans its buckets
         os.environ["HPCDL_FUSION_THRESHOLD"] = str(int(opts.fusion_mb * (1 << 20)))
     from ..torch.reducer import fusion_threshold
-    data = batches(opts, build_model(opts.model)[1], 10, world.rank, opts.warmup + opts.steps)
-    nparams = sum(p.numel() for p in build_model(opts.model)[0].parameters())
+    nparams, data = model_and_data(opts, world.rank)
     err = start_gloo(mpi, job)
     say = comm.print0
     say("# hpcdl bench train: DistributedOptimizer vs DDP(gloo), same model, data and seed")

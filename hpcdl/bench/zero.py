@@ -36,7 +36,7 @@ from mpi4py import MPI
 
 from .. import comm
 from .allreduce import start_gloo
-from .train import batches, build_model, interleaved, start
+from .train import build_model, interleaved, model_and_data, start
 
 STAGES = (0, 1, 2, 3)
 COUNTERPART = {0: "torch-ddp", 1: "torch-zero1", 2: "torch-fsdp2-noreshard", 3: "torch-fsdp2"}
@@ -291,9 +291,7 @@ def run(opts):
     import json
     world, job, threads = start(opts)
     mpi = world.mpi
-    model, shape, classes = build_model(opts.model)
-    nparams = sum(p.numel() for p in model.parameters())
-    data = batches(opts, shape, classes, world.rank, opts.warmup + opts.steps)
+    nparams, data = model_and_data(opts, world.rank)
     err = start_gloo(mpi, job)
     say = comm.print0
     say("# hpcdl bench train --zero: ZeRO stages %s vs DistributedOptimizer and PyTorch "
