@@ -25,6 +25,8 @@ def register(subparsers):
     sim_terms.register(sub)
     from . import sim_pipeline
     sim_pipeline.register(sub)
+    from . import sim_statistical
+    sim_statistical.register(sub)
 
 
 def _register_scaling(sub):
