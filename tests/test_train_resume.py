@@ -243,3 +243,28 @@ def test_bf16_training_learns(tmp_path):
     run_mpi(2, TRAIN + ["--epochs", "3", "--global-batch", "64", "--precision", "bf16",
                         "--out", str(tmp_path)], timeout=180, check=True)
     assert _summary(tmp_path)["test_accuracy"] > 0.85
+
+
+# ---------------------------------------------------------------- older checkpoints
+OLD = os.path.join(REPO, "tests", "data", "checkpoints-72df3c7")
+
+
+@pytest.mark.mpi
+def test_checkpoints_of_72df3c7_resume_exactly(tmp_path):
+    # written by `hpcdl train --epochs 1 --global-batch 64 --hidden 32 --zero Z
+    # --checkpoint-dir ...` on 2 ranks at commit 72df3c7, before the Reducer,
+    # the noise scale and one atomic-write helper: the trainer, ZeRO-2's
+    # optimizer shards and ZeRO-3's model shards each resume to the parameters
+    # of a 2-epoch run of today's code
+    base = TRAIN + ["--epochs", "2", "--global-batch", "64", "--hidden", "32"]
+    run_mpi(2, base + ["--out", str(tmp_path / "fresh")], timeout=120, check=True)
+    want = _summary(tmp_path / "fresh")["params_sha256"]
+    for stage in ("0", "2", "3"):
+        ckpt = tmp_path / ("zero" + stage)
+        subprocess.run(["cp", "-r", os.path.join(OLD, "zero" + stage), str(ckpt)], check=True)
+        out = tmp_path / ("out" + stage)
+        r = run_mpi(2, base + ["--zero", stage, "--checkpoint-dir", str(ckpt), "--resume",
+                               "--out", str(out)], timeout=120, check=True)
+        assert "resumed from %s at epoch 2 step 0" % (ckpt / "checkpoint.pt") in r.stdout, \
+            r.stdout
+        assert _summary(out)["params_sha256"] == want, (stage, r.stdout)
