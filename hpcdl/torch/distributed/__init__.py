@@ -21,6 +21,7 @@ import sys
 import torch.distributed as dist
 
 from . import _rendezvous
+from .sharded_embedding import ShardedEmbeddingBag  # noqa: F401 - docs/embedding.md
 
 BACKEND = "hpcdl"
 _registered = False
