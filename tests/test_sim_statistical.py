@@ -133,17 +133,19 @@ def test_stored_fits_are_the_printed_ones():
 def test_prediction_within_20_percent_of_the_measured_steps(name):
     """The issue's check: S(B) from the fit against the steps to the target
     measured at every batch of the sweep (lamb, the one recipe that reached
-    the target at all three), then an out-of-sample case: fitted on the two
-    smaller batches only, predict the largest."""
+    the target at all three), then out of sample: fitted on two batches,
+    predict the third (worst case 11.6%: seeds 1-2 at 8192)."""
     doc = study(name)
     fit = st.fit_from_study(doc, "lamb")
     points = st.measured_points(doc, "lamb")
     assert len(points) == 3
     for batch, measured in points:
         assert st.steps_to_target(batch, fit) == pytest.approx(measured, rel=0.2)
-    s_min, b_noise = fit_steps(points[:2])
-    (batch, measured), = points[2:]
-    assert st.steps_to_target(batch, st.Fit(s_min, b_noise)) == pytest.approx(measured, rel=0.2)
+    for left_out in range(3):
+        s_min, b_noise = fit_steps([p for i, p in enumerate(points) if i != left_out])
+        batch, measured = points[left_out]
+        assert st.steps_to_target(batch, st.Fit(s_min, b_noise)) == pytest.approx(measured,
+                                                                                  rel=0.2)
 
 
 # ---------------------------------------------------------------- the command

@@ -10,10 +10,11 @@ the machine at hand. Pure Python; MPI only for calibration.
 The step model term by term (buckets, shared links, compression, stragglers,
 overheads) is terms.py; profiles of real models profile.py; published runs
 records.py (records.json); pipeline parallelism's bubble and stage-to-stage
-messages pipeline.py.
+messages pipeline.py; time to accuracy (steps to the target from the noise
+scale x the step time, the best global batch per GPU count) statistical.py.
 
-Command line: `hpcdl sim scaling|step|profile|records|pipeline` and `hpcdl bench
-calibrate`; formulas and their limits in docs/sim.md.
+Command line: `hpcdl sim scaling|step|profile|records|pipeline|time-to-accuracy`
+and `hpcdl bench calibrate`; formulas and their limits in docs/sim.md.
 """
 from .cost import (FORMULAS, allgather, broadcast, hierarchical_allreduce, log2_rounds,
                    parameter_server, ring_allreduce, tree_allreduce)
