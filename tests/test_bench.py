@@ -101,7 +101,7 @@ def test_train_backend_usage_errors(args, message):
 @pytest.mark.mpi
 def test_bench_train_backends(tmp_path):
     """--backend hpcdl,gloo --wrap ddp,fsdp2: a row per wrap and backend (and
-    no-comm), a ratio per wrap, parameters of both backends equal."""
+    the floors ddp-none, no-comm), a ratio per wrap, parameters of both backends equal."""
     out = tmp_path / "backends.json"
     r = run_mpi(2, [sys.executable, "-m", "hpcdl", "bench", "train", "--backend", "hpcdl,gloo",
                     "--wrap", "ddp,fsdp2", "--model", "tiny", "--steps", "2", "--warmup", "1",
@@ -113,12 +113,13 @@ def test_bench_train_backends(tmp_path):
     got = [(row["impl"], row["wrap"], row["backend"]) for row in doc["rows"]]
     assert got == [("ddp-hpcdl", "ddp", "hpcdl"), ("ddp-gloo", "ddp", "gloo"),
                    ("fsdp2-hpcdl", "fsdp2", "hpcdl"), ("fsdp2-gloo", "fsdp2", "gloo"),
-                   ("no-comm", None, None)]
+                   ("ddp-none", "ddp", "none"), ("no-comm", None, None)]
     assert all(row["min"] <= row["samples_per_s"] <= row["max"] for row in doc["rows"])
     for wrap in ("ddp", "fsdp2"):  # 2 ranks: both backends' sums are exact
         s = doc["summary"][wrap]
         assert len(s["ratios"]) == 2 and s["ratio"] > 0 and not s["wrong"], s
         assert s["first_step_param_diff"] == 0 and s["max_param_diff"] == 0, s
+    assert doc["summary"]["ddp"]["bound"] > 0 and "ddp-none / ddp-gloo" in r.stdout
 
 
 @pytest.mark.mpi

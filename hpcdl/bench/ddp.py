@@ -8,11 +8,16 @@ and on gloo, same model, data and seed, in one run on the same ranks.
 gloo is the default group (as bench train starts it); hpcdl's group is
 new_group(backend="hpcdl") beside it (the default group itself when gloo is
 not asked for). On a ResNet the CLI's defaults shrink (batch 8, 5 steps, 2
-repeats: under a minute on 2 cores). Rows are named <wrap>-<backend> (ddp-hpcdl, ddp-gloo,
-fsdp2-hpcdl, fsdp2-gloo) plus no-comm, every rank training alone (the compute
-floor). Timing as in `hpcdl bench train`: steps interleaved, order rotating,
-each timed from a barrier, the slowest rank's time; --repeats R gives medians
-and the range, and the hpcdl/gloo ratio of each wrap is taken within a repeat.
+repeats: under a minute on 2 cores).
+
+Rows are named <wrap>-<backend> (ddp-hpcdl, ddp-gloo, fsdp2-hpcdl,
+fsdp2-gloo) plus two floors: ddp-none, DDP with a comm hook that returns each
+bucket untouched (DDP's own bucketing and copies, no data moved: the most any
+backend can reach under DDP; ddp-none/ddp-gloo bounds the hpcdl/gloo ratio),
+and no-comm, every rank training alone (the compute floor). Timing as in
+`hpcdl bench train`: steps interleaved, order rotating, each timed from a
+barrier, the slowest rank's time; --repeats R gives medians and the range,
+and the hpcdl/gloo ratio of each wrap is taken within a repeat.
 Both backends start from the same parameters and see the same batches: after
 the first step their parameters must agree to 1e-4 (exit status 1 if not);
 after the last step the difference is reported (with 2 ranks a sum has one
@@ -67,6 +72,8 @@ def make(opts, wrap, backend, group, size):
     if wrap == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         run = DDP(model, process_group=group)
+        if backend == "none":  # DDP's own work (buckets, hooks, copies), no data moved
+            run.register_comm_hook(None, _bucket_untouched)
     else:
         from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
         mesh = (init_device_mesh("cpu", (size,)) if group is None
@@ -76,6 +83,13 @@ def make(opts, wrap, backend, group, size):
                 sgd_step(run, torch.optim.SGD(run.parameters(), lr=opts.lr)))
     impl.wrap, impl.backend = wrap, backend
     return impl
+
+
+def _bucket_untouched(state, bucket):
+    """A DDP comm hook that communicates nothing: the bucket as it is."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
 
 
 def make_local(opts):
@@ -98,6 +112,8 @@ def local_diff(a, b):
 def one_pass(opts, data, gs, mpi):
     """({impl: dict(seconds, samples_per_s)}, {wrap: (first-step diff, last)})."""
     impls = [make(opts, w, b, gs[b], mpi.size) for w in opts.wraps for b in opts.backends]
+    if "ddp" in opts.wraps:  # the DDP floor: any backend's best under DDP
+        impls.append(make(opts, "ddp", "none", gs[opts.backends[0]], mpi.size))
     impls.append(make_local(opts))
     pairs = [(a, b) for a in impls for b in impls
              if a.wrap and a.wrap == b.wrap and a.backend == "hpcdl" and b.backend == "gloo"]
@@ -124,7 +140,9 @@ def summarize(reps, wraps):
     ratios = {w: [r["%s-hpcdl" % w]["samples_per_s"] / r["%s-gloo" % w]["samples_per_s"]
                   for r in reps] for w in wraps if "%s-gloo" % w in reps[0]
               and "%s-hpcdl" % w in reps[0]}
-    return rows, ratios
+    bound = ([r["ddp-none"]["samples_per_s"] / r["ddp-gloo"]["samples_per_s"] for r in reps]
+             if "ddp" in ratios else None)
+    return rows, ratios, bound
 
 
 def run(opts):
@@ -151,7 +169,7 @@ def run(opts):
         if opts.repeats > 1:
             say("#  repeat %d/%d: %s" % (k + 1, opts.repeats, "  ".join(
                 "%s %.1f/s" % (n, r["samples_per_s"]) for n, r in rep.items())))
-    rows, ratios = summarize(reps, opts.wraps)
+    rows, ratios, bound = summarize(reps, opts.wraps)
     say("#\n#%13s %8s %6s %11s %10s   %s" % ("impl", "wrap", "backend", "samples/s",
                                              "step(ms)", "min..max samples/s"))
     for r in rows:
@@ -169,6 +187,10 @@ def run(opts):
             "parameters differ by %.2g after the first step (%s), %.2g after the last"
             % (w, summary[w]["ratio"], len(rs), min(rs), max(rs), first,
                "FAILED" if bad else "OK", last))
+        if w == "ddp":
+            summary[w]["bound"] = statistics.median(bound)
+            say("#  the most any backend could reach under DDP here (ddp-none / ddp-gloo): "
+                "%.2fx (range %.2f..%.2fx)" % (statistics.median(bound), min(bound), max(bound)))
     wrong = any(s["wrong"] for s in summary.values())
     if opts.json and world.rank == 0:
         with open(opts.json, "w") as f:
