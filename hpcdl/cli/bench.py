@@ -11,7 +11,8 @@ import sys
 from .main import UsageError
 from .run import add_launch_args
 
-EXTRA_BENCHMARKS = ["calibrate", "data", "large_batch"]  # hpcdl/cli/bench_<name>.py with register(sub)
+# hpcdl/cli/bench_<name>.py with register(sub)
+EXTRA_BENCHMARKS = ["calibrate", "data", "large_batch", "embedding"]
 DEFAULT_ALGORITHMS = "ring,hier,auto,shared,mpi,mpi4py,gloo"
 
 

@@ -10,10 +10,12 @@ through all-to-all (the recommendation-model case: DLRM / ZionEX).
 
 T tables, table t of shape tables[t] = (rows_t, dim_t), owned by rank
 placement[t] (default t % N): only the owner holds it (emb.parameters() are
-this rank's tables). Every rank passes its own batch of B bags for every
-table, EmbeddingBag style: indices[t] the ids, offsets[t] the B starts
-(offsets[t][0] == 0; empty bags allowed, pooled as zeros). B may differ
-between ranks, not between one rank's tables.
+this rank's tables; sparse=True gives them sparse gradients, as
+nn.EmbeddingBag's, so an update touches only the looked-up rows). Every
+rank passes its own batch of B bags for every table, EmbeddingBag style:
+indices[t] the ids, offsets[t] the B starts (offsets[t][0] == 0; empty bags
+allowed, pooled as zeros). B may differ between ranks, not between one
+rank's tables. Output: (B, sum of dim_t), the tables side by side in order.
 
 forward (3 all-to-alls on the group, in this order):
   1. header: rank r tells every rank s (B_r, the ids r sends s, an error
@@ -52,7 +54,7 @@ class ShardedEmbeddingBag(nn.Module):
     """Table-wise sharded EmbeddingBag; see the module docstring."""
 
     def __init__(self, tables, mode="sum", placement=None, group=None, dtype=torch.float32,
-                 seed=0):
+                 seed=0, sparse=False):
         super().__init__()
         if mode not in ("sum", "mean"):
             raise ValueError("ShardedEmbeddingBag: mode %r; use 'sum' or 'mean'" % (mode,))
@@ -70,7 +72,7 @@ class ShardedEmbeddingBag(nn.Module):
             raise ValueError("ShardedEmbeddingBag: placement %s must give each of the %d "
                              "tables a rank in [0, %d)" % (self.placement, len(self.shapes),
                                                             self.size))
-        self.mode, self.dtype = mode, dtype
+        self.mode, self.dtype, self.sparse = mode, dtype, bool(sparse)
         self._agree()
         self.owned = [t for t, p in enumerate(self.placement) if p == self.rank]
         self.weights = nn.ParameterDict({
@@ -155,7 +157,7 @@ class ShardedEmbeddingBag(nn.Module):
             lens = torch.cat(per_table[t][0])
             offs = torch.cumsum(lens, 0) - lens
             rows = F.embedding_bag(torch.cat(per_table[t][1]), self.weights[str(t)], offs,
-                                   mode=self.mode)
+                                   mode=self.mode, sparse=self.sparse)
             blocks[t] = torch.split(rows, batches)
         parts = [blocks[t][r].reshape(-1) for r in range(N) for t in owned]
         counts = [batches[r] * sum(self.shapes[t][1] for t in owned) for r in range(N)]
