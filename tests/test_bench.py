@@ -51,6 +51,15 @@ def test_busbw():
     assert ar.busbw(4.0, 4) == 6.0
 
 
+def test_summary_of_the_torch_path_alone():
+    """--algorithms torch,async: no hpcdl algorithm or peer row, still a summary."""
+    rows = [dict(impl=i, bytes=4096, time_us=t, min_us=m, floor_us=0.5)
+            for i, t, m in (("torch", 30.0, 20.0), ("async", 20.0, 16.0))]
+    (s,) = ar.summarize(rows)
+    assert s["torch_over_async"] == 1.5 and s["torch_over_async_min"] == 1.25
+    assert s["floor_us"] == 0.5 and "best" not in s and "torch_over_hvd" not in s
+
+
 @pytest.mark.parametrize("args, message", [
     (["--min-bytes", "4X"], "bad size"), (["--min-bytes", "1M", "--max-bytes", "4K"],
                                           "larger than"),
