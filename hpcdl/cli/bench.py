@@ -132,8 +132,11 @@ def _register_train(sub):
                     "hpcdl's DistributedOptimizer, under PyTorch DDP with gloo, and with no "
                     "communication at all (the compute floor); prints samples/s, the "
                     "hpcdl/DDP ratio and the share of hpcdl's communication hidden behind "
-                    "backward, and checks that both end with the same parameters.",
-        epilog="example: hpcdl bench train -n 2 --model mlp --steps 20")
+                    "backward, and checks that both end with the same parameters. "
+                    "--backend hpcdl,gloo instead: DDP (and FSDP2 with --wrap) on each "
+                    "torch.distributed backend; --zero: hpcdl's ZeRO stages.",
+        epilog="examples: hpcdl bench train -n 2 --model mlp --steps 20; "
+               "hpcdl bench train -n 2 --backend hpcdl,gloo --wrap ddp,fsdp2")
     add_launch_args(p)
     p.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "resnet50", "tiny"],
                    help="mlp (1024-4096-2048-10), resnet18, resnet50 (32x32 input) or tiny "
