@@ -116,21 +116,8 @@ class AllReduce:
         return self.opt.param_groups[0]["lr"]
 
     # ------------------------------------------------------------ training
-    def train_epoch(self, run, rows, reporter, stop):
-        """The rest of the epoch's steps; the ranks may stop before any step.
-        Returns the signal number if they agreed to stop, else 0."""
+    def start_epoch(self):
         self.model.train()
-        batches = run.ds.train_batches(rows[run.step_in_epoch:])
-        for s in range(run.step_in_epoch, len(rows)):
-            if self.done():  # adascale: the base schedule is spent
-                break
-            signum = stop.agreed()
-            if signum:
-                return signum
-            x, y = next(batches)
-            loss_sum, correct = self.train_step(x, y)
-            run.step_done(s, loss_sum, correct, len(y), reporter)
-        return 0
 
     def train_step(self, x, y):
         """One synchronous step on this rank's slice. Returns (summed loss,

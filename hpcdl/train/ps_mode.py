@@ -18,8 +18,7 @@ gathered on every rank) and the lr schedule's position.
 import torch
 import torch.nn.functional as F
 
-from .. import comm
-from . import build, data
+from . import build
 from .errors import ConfigError
 
 
@@ -71,20 +70,18 @@ class ParameterServer:
         return self.opt.param_groups[0]["lr"]
 
     # ------------------------------------------------------------ training
-    def train_epoch(self, run, rows, reporter, stop):
-        """One round; the ranks may stop only before it. Returns the signal
-        number if they agreed to stop, else 0."""
-        signum = stop.agreed()
-        if signum:
-            return signum
-        ps, first_step = self.ps, run.global_step
+    def train_round(self, ds, rows):
+        """One epoch as one round of the servers (the ranks may stop only
+        before it): yields (summed loss, correct, samples) per step a worker
+        takes; a server serves the round and yields nothing."""
+        ps = self.ps
         if ps.is_server:
             ps.serve()
             for _ in rows:
                 self.sched.step()
         else:
             self.model.train()
-            for s, (x, y) in enumerate(run.ds.train_batches(rows)):
+            for x, y in ds.train_batches(rows):
                 def closure():
                     logits = self.model(x)
                     loss = F.cross_entropy(logits, y)
@@ -92,12 +89,9 @@ class ParameterServer:
                     return loss.item() * len(y), (logits.argmax(1) == y).sum().item()
                 lsum, c = ps.step(closure, lr=self.lr())
                 self.sched.step()
-                run.step_done(s, lsum, c, len(y), reporter)
+                yield lsum, c, len(y)
             ps.end_round()
         ps.sync_model()
-        run.step_in_epoch = len(rows)
-        run.global_step = first_step + data.steps_per_epoch(run.ds.n_train, self.cfg.global_batch)
-        return 0
 
     def end_epoch(self, run):
         return {}  # sync_model gave every rank the servers' model and worker 0's buffers

@@ -13,6 +13,10 @@ process would), resume from a checkpoint, the stop request (a signal ends the
 run at a step boundary every rank agrees on), evaluation, the epoch record,
 checkpoint timing and the summary, all kept in one Run record.
 
+The loop owns the steps: it asks for the stop request before each one,
+counts them (Run.step_done) and decides when the run is over; it owns the
+checkpoint's keys too (state_of), a strategy only adds its own state.
+
 A *strategy* decides the rest: how gradients meet and how state is saved.
 
     --mode          strategy                       gradients meet in
@@ -34,10 +38,12 @@ change. A strategy never imports this module; this module imports them.
     .start_fresh()                         identical replicas when not resuming
     .describe(ds) -> str                   the set-up line
     .lr() -> float                         the current learning rate
-    .train_epoch(run, rows, reporter, stop) -> signal number or 0
-                                           the rest of run.epoch's steps: ask stop.agreed()
-                                           where this strategy may stop, call
-                                           run.step_done() per step taken
+    .start_epoch()                         before an epoch's steps (model.train(), ...)
+    .train_step(x, y) -> (loss sum, correct)
+                                           one step on this rank's slice of a global batch
+    or .train_round(ds, rows)              instead of the two: a strategy that can stop
+                                           only between epochs (ps modes); yields
+                                           (loss sum, correct, samples) per step taken
     .end_epoch(run) -> dict                collective; extra fields of the epoch record
     .done() -> bool or None                optional: the run is over (None: after --epochs)
     .state_dict() / .load_state_dict(s)    the strategy's part of a checkpoint
@@ -246,9 +252,43 @@ def train_epoch(run, reporter, stop):
                             strategy.data_ranks, cfg.seed, run.epoch)
     reporter.start_epoch(run.epoch, len(rows), run.step_in_epoch)
     t0 = time.perf_counter()
-    signum = strategy.train_epoch(run, rows, reporter, stop)
-    run.sums["time"] += time.perf_counter() - t0
-    return signum
+    try:
+        if hasattr(strategy, "train_round"):
+            return train_round(run, rows, reporter, stop)
+        return train_steps(run, rows, reporter, stop)
+    finally:
+        run.sums["time"] += time.perf_counter() - t0
+
+
+def train_steps(run, rows, reporter, stop):
+    """The rest of the epoch's steps, stopping before any of them when the
+    ranks agree to, or mid-epoch when the run is over (AdaScale's progress)."""
+    run.strategy.start_epoch()
+    batches = run.ds.train_batches(rows[run.step_in_epoch:])
+    for s in range(run.step_in_epoch, len(rows)):
+        if finished(run):
+            break
+        signum = stop.agreed()
+        if signum:
+            return signum
+        x, y = next(batches)
+        loss_sum, correct = run.strategy.train_step(x, y)
+        run.step_done(s, loss_sum, correct, len(y), reporter)
+    return 0
+
+
+def train_round(run, rows, reporter, stop):
+    """The epoch as one round (ps modes): stops only before it. A server
+    takes no steps of its own but counts the round's as its workers do."""
+    signum = stop.agreed()
+    if signum:
+        return signum
+    first = run.global_step
+    for s, (loss_sum, correct, seen) in enumerate(run.strategy.train_round(run.ds, rows)):
+        run.step_done(s, loss_sum, correct, seen, reporter)
+    run.step_in_epoch = len(rows)
+    run.global_step = first + data.steps_per_epoch(run.ds.n_train, run.cfg.global_batch)
+    return 0
 
 
 def global_sums(*values):

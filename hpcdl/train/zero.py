@@ -183,9 +183,9 @@ class Zero3(AllReduce):
         return "%s, ZeRO stage 3 (%d units, %d of %d parameter bytes on this rank)" % (
             super().describe(ds), len(self.shards.units), pb["shard"], pb["full"])
 
-    def train_epoch(self, run, rows, reporter, stop):
-        self.shards.reshard()
-        return super().train_epoch(run, rows, reporter, stop)
+    def start_epoch(self):
+        self.shards.reshard()  # evaluation and the summary saw the whole model
+        super().start_epoch()
 
     def backward_and_step(self, loss):
         """The gradients arrive averaged on the pieces during backward; the
