@@ -26,6 +26,32 @@ def test_help_lists_commands():
         assert cmd in r.stdout
 
 
+def test_sim_help_lists_every_simulation():
+    """`hpcdl --help`, `hpcdl sim --help`, README and docs/sim.md name every
+    `hpcdl sim` subcommand the parser has (a new one must be added to each)."""
+    import argparse
+    from hpcdl.cli.main import build_parser
+    top = build_parser()
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    sim = commands.choices["sim"]
+    names = sorted(next(a for a in sim._actions
+                        if isinstance(a, argparse._SubParsersAction)).choices)
+    assert {"scaling", "pipeline", "time-to-accuracy"} <= set(names)
+    r = hpcdl("sim", "--help")
+    assert r.returncode == 0, r.stderr
+    top_help = " ".join(top.format_help().split())
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md")) as f:
+        readme = f.read()
+    with open(os.path.join(root, "docs", "sim.md")) as f:
+        doc = f.read()
+    for name in names:
+        assert re.search(r"^\s+%s\b" % re.escape(name), r.stdout, re.M), (name, r.stdout)
+        assert re.search(r"sim [^)]*\b%s\b" % re.escape(name), top_help), (name, top_help)
+        assert re.search(r"hpcdl sim [a-z|-]*\b%s\b" % re.escape(name), readme), name
+        assert "`hpcdl sim %s`" % name in doc or "`%s`" % name in doc, name
+
+
 def test_info_names_mpi_library():
     r = hpcdl("info")
     assert r.returncode == 0, r.stderr

@@ -2,7 +2,7 @@
 efficiency of data-parallel training for each all-reduce algorithm, from
 the alpha-beta model (hpcdl/sim/). Runs in one process; no MPI needed.
 `hpcdl sim step`, `profile` and `records` live in sim_terms.py, `pipeline` in
-sim_pipeline.py.
+sim_pipeline.py, `time-to-accuracy` in sim_statistical.py.
 
     hpcdl sim scaling --model resnet50 --gpus 8,64,512,2048 --alpha 5us --beta 12.5GB/s \\
         --step-compute-ms 100 --overlap 0.5 --plot scaling.png
@@ -13,7 +13,8 @@ from .sim_common import add_network_flags, network_values, parse_gpus
 
 def register(subparsers):
     p = subparsers.add_parser(
-        "sim", help="cost-model simulations (scaling, step, profile, records, pipeline)",
+        "sim", help="cost-model simulations (scaling, step, profile, records, pipeline, "
+             "time-to-accuracy)",
         description="Simulations from the alpha-beta cost model of each collective "
                     "(docs/sim.md). Measure alpha and beta with 'hpcdl bench calibrate'.",
         epilog="example: hpcdl sim scaling --model resnet50 --gpus 8,64,512 --alpha 5us "
