@@ -2,7 +2,8 @@
 epoch on a terminal (a plain progress line every PLAIN_EVERY_S seconds
 otherwise, as in a Slurm output file), one line per epoch, metrics.jsonl,
 curves.png (loss, accuracy, learning rate and, on 2+ ranks, the gradient
-noise scale B_simple against epoch), summary.json and
+noise scale B_simple and, with --lr-scaling adascale, the AdaScale gain
+against epoch), summary.json and
 model.pt at the end. Other ranks get a Reporter that does nothing."""
 import hashlib
 import json
@@ -159,6 +160,8 @@ def plot_curves(metrics_path, png_path):
               (("lr",), "learning rate (end of epoch)")]
     if any(r.get("b_simple") is not None for r in recs):  # 2+ ranks (docs/noise_scale.md)
         panels.append((("b_simple",), "gradient noise scale B_simple (samples)"))
+    if any(r.get("gain") is not None for r in recs):  # --lr-scaling adascale (docs/adascale.md)
+        panels.append((("gain",), "AdaScale gain r (x base lr, end of epoch)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.9))
     for ax, (keys, title) in zip(axes, panels):
         for k in keys:
