@@ -6,13 +6,14 @@ under torchrun (gloo) and, unchanged, under hpcdl's launcher (hpcdl):
     torchrun --nproc-per-node 2 examples/torchrun_ddp.py --backend gloo
     hpcdl run -n 2 -- python examples/torchrun_ddp.py           # backend hpcdl
     mpirun -n 2 python examples/torchrun_ddp.py                 # needs RANK...: use hpcdl run
+    srun --mpi=pmix -n 2 hpcdl run -- python examples/torchrun_ddp.py   # in a Slurm job
 
 The only hpcdl line is `import hpcdl.torch` (it registers "hpcdl"). The data
 is a fixed synthetic regression set; every rank takes its share of each
 global batch (DistributedSampler), so the trained weights equal one
 process's with the same --batch-size (up to float32 sum order). --save PATH
 writes rank 0's final state_dict; tests/test_examples.py compares 2 ranks
-with 1."""
+with 1, tests/test_slurm_jobs.py 2 srun tasks with 1."""
 import argparse
 import os
 

@@ -149,6 +149,48 @@ def test_run_and_train_inside_an_allocation(slurm_cluster, tmp_path):
     assert json.loads((tmp_path / "train" / "summary.json").read_text())["ranks"] == 2
 
 
+# ---------------------------------------------------------------- torch.distributed under srun
+TORCHRUN_SCRIPT = """#!/bin/bash
+#SBATCH --ntasks=2
+#SBATCH --time=00:05:00
+#SBATCH --output={out}/job.out
+{activate}
+unset MASTER_ADDR MASTER_PORT RANK LOCAL_RANK WORLD_SIZE
+export OMP_NUM_THREADS=1
+srun --mpi=pmix --ntasks=2 --kill-on-bad-exit=1 {python} -m hpcdl run -- {python} {script} \\
+    --save {out}/two.pt
+echo "=== rc=$?"
+"""
+
+
+def test_torchrun_script_on_backend_hpcdl_under_srun(slurm_cluster, tmp_path):
+    """examples/torchrun_ddp.py (DDP, init_process_group("hpcdl")) as 2 srun
+    tasks: `hpcdl run` in each task only sets RANK/LOCAL_RANK/WORLD_SIZE from
+    Slurm's variables, no MASTER_ADDR/PORT, so MPI is the rendezvous; the
+    weights are one process's on the same global batches (tests/test_examples.py)."""
+    from mpi_harness import mpi_env
+    from test_examples import TORCHRUN, assert_same_weights
+    env = mpi_env({"OMP_NUM_THREADS": "1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    one = subprocess.Popen([sys.executable, TORCHRUN, "--save", str(tmp_path / "one.pt")],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=env, cwd=tmp_path)  # overlaps the job
+    script = TORCHRUN_SCRIPT.format(out=tmp_path, python=sys.executable, script=TORCHRUN,
+                                    activate='source "%s/bin/activate"' % VENV if VENV else "")
+    job = slurm_cluster.sbatch_text(script, cwd=tmp_path)
+    try:
+        finished(slurm_cluster, job)
+        one_out = one.communicate(timeout=120)[0]  # full-speed seconds (hang_guard)
+    finally:
+        one.kill()
+    log = output(tmp_path / "job.out")
+    assert "=== rc=0" in log and log.count("already inside") == 2, log
+    assert "epoch 2: mean loss" in log and "(2 ranks, backend hpcdl)" in log, log
+    assert one.returncode == 0, one_out
+    assert_same_weights(tmp_path / "two.pt", tmp_path / "one.pt")
+
+
 # ---------------------------------------------------------------- preemption
 def test_preemptible_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path, reference):
     run_dir = tmp_path / "run"
