@@ -48,6 +48,22 @@ Exercise (for the student):
      What does that say about a batch size fixed for the whole run, and what
      would you do instead? (Hint: McCandlish et al. section 4; AdaScale and
      Pollux change the batch or the lr while training.)
+  d. Goodput: why the best batch grows during training. Take the baseline's
+     B_simple of the first and of the last epoch (the line under the table;
+     a run of `hpcdl train -n 4 --recipe goyal --data mnist1d:100000 --model
+     cnn1d --global-batch 64 --epochs 5 --out DIR` has it in the b_simple
+     column of DIR/metrics.jsonl) as B_noise, and ask the cost model for the
+     global batch that reaches the target soonest (docs/sim.md, "Time to
+     accuracy at scale": the cnn1d numbers below), once for each:
+         hpcdl sim time-to-accuracy --s-min 145 --b-noise B_SIMPLE \\
+             --model 5210 --compute-ms-per-sample 0.0076 --fixed-ms 0.075 \\
+             --alpha 5us --beta 12.5GB/s --gpus 4,64
+     By how much does the best batch grow, and why by about the square root
+     of the B_simple ratio? Does S_min matter? Pollux's statistical
+     efficiency of a batch M against the base M0 = 64 is (B_noise + M0) /
+     (B_noise + M): what is it for M = 1024 early and late? What does a
+     batch fixed for the whole run lose in each phase, and what would
+     re-picking the batch every epoch from the measured B_simple gain?
 """
 import argparse
 import os
