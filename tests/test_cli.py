@@ -28,7 +28,8 @@ def test_help_lists_commands():
 
 def test_sim_help_lists_every_simulation():
     """`hpcdl --help`, `hpcdl sim --help`, README and docs/sim.md name every
-    `hpcdl sim` subcommand the parser has (a new one must be added to each)."""
+    `hpcdl sim` subcommand the parser has (a new one must be added to each);
+    `hpcdl --help`'s bench line names every benchmark."""
     import argparse
     from hpcdl.cli.main import build_parser
     top = build_parser()
@@ -40,6 +41,10 @@ def test_sim_help_lists_every_simulation():
     r = hpcdl("sim", "--help")
     assert r.returncode == 0, r.stderr
     top_help = " ".join(top.format_help().split())
+    bench = next(a for a in commands.choices["bench"]._actions
+                 if isinstance(a, argparse._SubParsersAction)).choices
+    for name in bench:  # bench's line lists its benchmarks the same way
+        assert re.search(r"bench [^)]*\b%s\b" % re.escape(name), top_help), (name, top_help)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "README.md")) as f:
         readme = f.read()

@@ -18,7 +18,8 @@ DEFAULT_ALGORITHMS = "ring,hier,auto,shared,mpi,mpi4py,gloo"
 
 def register(subparsers):
     p = subparsers.add_parser(
-        "bench", help="benchmarks (allreduce, train, calibrate, data)",
+        "bench", help="benchmarks (allreduce, train, calibrate, data, large-batch, "
+                      "embedding)",
         description="Benchmarks that print nccl-tests-shaped tables and check "
                     "correctness in the same run.")
     sub = p.add_subparsers(dest="benchmark", metavar="BENCHMARK")
