@@ -9,7 +9,10 @@ rows, the owned tables' gradients after backward of a rank- and position-weighte
 loss, the tables after one SGD step and the rows of a second forward. Then bad
 input: an id out of range and bad offsets on one rank, tables that differ on one
 rank at construction -> the same ValueError on every rank, and the layer still
-works afterwards. Prints 'rank R checks C FAILED F'.
+works afterwards. With a second argument (a JSON path) it also runs a tiny
+`hpcdl bench embedding` (hpcdl.bench.embedding.run). Prints 'rank R checks C
+FAILED F'. argv[1]: the backend (default hpcdl; gloo runs under hpcdl run with
+MASTER_ADDR/PORT set).
 
 Bound: the owner pools each table with one embedding_bag call over the global
 bags in the reference's order, so the values should be equal (dense gradients
@@ -26,7 +29,9 @@ from hpcdl.torch.distributed import ShardedEmbeddingBag
 from hpcdl.torch.distributed.sharded_embedding import init_table
 
 TOL = 1e-6
-dist.init_process_group("hpcdl")
+BACKEND = sys.argv[1] if sys.argv[1:] else "hpcdl"   # gloo: by hand, under hpcdl run
+BENCH_JSON = sys.argv[2] if sys.argv[2:] else None  # also run a tiny hpcdl bench embedding
+dist.init_process_group(BACKEND)
 RANK, N = dist.get_rank(), dist.get_world_size()
 checks, failed, worst = 0, 0, 0.0
 
@@ -153,6 +158,11 @@ expect_error(lambda: ShardedEmbeddingBag(mine), ["ranks disagree", "rank %d" % (
 mine = [(10, 4)] * (2 if RANK else 3)
 expect_error(lambda: ShardedEmbeddingBag(mine), ["ranks disagree"], "table count mismatch")
 
+if BENCH_JSON:  # the benchmark's own check, in this launch (one start of the ranks fewer)
+    from hpcdl.bench import embedding
+    status = embedding.run(embedding.Options(rows=(40, 300), tables=3, dim=4, batch=5, steps=1,
+                                             warmup=0, json=BENCH_JSON))
+    check(status == 0, "bench embedding exit status %d" % status)
 print("rank %d checks %d FAILED %d (largest difference %.3g)" % (RANK, checks, failed, worst),
       flush=True)
 dist.destroy_process_group()
