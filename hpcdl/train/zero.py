@@ -25,8 +25,11 @@ import time
 import torch
 
 from .. import comm
+from ..torch.zero import checkpoint as zero3_checkpoint, checkpoint12, shard_model
 from . import build, checkpoint
 from .allreduce import AllReduce
+from .errors import ConfigError
+from .precision import LossScaler
 
 
 SHARD_DIR = re.compile(r"zero[123]-[0-9]+-[0-9]+")  # ShardDirs.new()'s names
@@ -47,7 +50,6 @@ class ShardDirs:
         """Collective: write(path) into a fresh directory (the same name on
         every rank); returns its name. An OSError on any rank (a full disk) is
         a ConfigError on every rank, and the partial directory is removed."""
-        from .errors import ConfigError
         name = comm.bcast_object("%s-%d-%d" % (self.prefix, time.time_ns(), os.getpid()))
         path = os.path.join(self.cfg.checkpoint_dir, name)
         try:
@@ -72,7 +74,6 @@ class ShardDirs:
     def path_of(self, name):
         """Collective: the directory `name` beside the checkpoint.pt being
         resumed; a ConfigError on every rank when it is not there."""
-        from .errors import ConfigError
         ckpt = checkpoint.resumed_path(self.cfg)
         path = os.path.join(os.path.dirname(os.path.abspath(ckpt)), name)
         error = None if os.path.isdir(path) else (
@@ -85,7 +86,6 @@ class ShardDirs:
     def load(self, name, read):
         """Collective: read(path of directory `name`); the loaders' ValueError
         (raised on every rank alike) becomes the trainer's ConfigError."""
-        from .errors import ConfigError
         try:
             read(self.path_of(name))
         except ValueError as e:
@@ -117,8 +117,7 @@ class Zero(AllReduce):
     def optimizer_state(self):
         """Collective: each rank writes its pieces and their optimizer state
         into a fresh shard directory; checkpoint.pt names it."""
-        from ..torch.zero.checkpoint12 import save_sharded
-        name = self.dirs.save(lambda path: save_sharded(self.opt, path))
+        name = self.dirs.save(lambda path: checkpoint12.save_sharded(self.opt, path))
         return {"zero12": {"dir": name, "stage": self.zero_stage, "ranks": comm.size()}}
 
     def checkpoint_written(self):
@@ -128,11 +127,11 @@ class Zero(AllReduce):
         """Collective: this rank's pieces and state from the shard directory
         (resharded when saved on another rank count), or the whole optimizer
         a --zero 0 checkpoint holds (each rank keeps its pieces' state)."""
-        from ..torch.zero.checkpoint12 import load_sharded
         if "zero12" not in state:
             self.opt.load_state_dict(state["optimizer"])
             return
-        self.dirs.load(state["zero12"]["dir"], lambda path: load_sharded(self.opt, path))
+        self.dirs.load(state["zero12"]["dir"],
+                       lambda path: checkpoint12.load_sharded(self.opt, path))
 
 
 class Zero3(AllReduce):
@@ -161,8 +160,6 @@ class Zero3(AllReduce):
     def build(self, model, steps):
         """Shards the model (rank 0's weights on every rank), then the local
         optimizer over the pieces, the schedule, the loss scaler."""
-        from ..torch.zero import shard_model
-        from .precision import LossScaler
         cfg = self.cfg
         self.model = model
         # the groups (LARS's, or no decay on biases and norm) judge parameters by
@@ -223,8 +220,8 @@ class Zero3(AllReduce):
     def state_dict(self):
         """Collective: writes this save's shard directory; returns what
         checkpoint.pt holds (it names the directory)."""
-        from ..torch.zero.checkpoint import save_sharded
-        name = self.dirs.save(lambda path: save_sharded(self.shards, path, self.opt))
+        name = self.dirs.save(
+            lambda path: zero3_checkpoint.save_sharded(self.shards, path, self.opt))
         return {"zero3": {"dir": name, "ranks": comm.size()},
                 "scheduler": self.sched.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None,
@@ -234,16 +231,14 @@ class Zero3(AllReduce):
         self.dirs.written()
 
     def load_state_dict(self, state):
-        from ..torch.zero.checkpoint import load_sharded
         if "zero3" not in state:
-            from .errors import ConfigError
             was = state["zero12"]["stage"] if "zero12" in state else 0
             raise ConfigError("checkpoint %s holds an unsharded model (written with --zero %d); "
                               "--zero 3 resumes only its own sharded checkpoints: resume it "
                               "with --zero %s" % (checkpoint.resumed_path(self.cfg), was,
                                                   "1 or 2" if was else "0, 1 or 2"))
         self.dirs.load(state["zero3"]["dir"],
-                       lambda path: load_sharded(self.shards, path, self.opt))
+                       lambda path: zero3_checkpoint.load_sharded(self.shards, path, self.opt))
         self.sched.load_state_dict(state["scheduler"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
@@ -269,7 +264,6 @@ def _params_of(model, groups):
 def _refuse_gpu(device, stage):
     """ConfigError on every rank (each picks its device alike) before any collective."""
     if device.type != "cpu":
-        from .errors import ConfigError
         raise ConfigError("--zero %d trains on the CPU only for now (this rank would use %s): "
                           "hpcdl's reduce-scatter and all-gather take host buffers; use "
                           "--zero 0 on GPUs, or CUDA_VISIBLE_DEVICES= to train on the CPU"
