@@ -152,6 +152,9 @@ expect_error(lambda: emb(ok_ids, bad_offs), ["rank %d" % (N - 1), "offsets of ta
 expect_error(lambda: emb(ok_ids[:-1], ok_offs[:-1]), ["rank 0", "lists of 3"], "table count")
 out = emb(ok_ids, ok_offs)
 check(tuple(out.shape) == (2, 9), "works after errors: shape %s" % (tuple(out.shape),))
+no_bags = [torch.zeros(0, dtype=torch.int64)] * 3   # B = 0 with ids given: ids ignored
+out = emb([torch.tensor([1, 2])] * 3, no_bags)
+check(tuple(out.shape) == (0, 9), "no bags: shape %s" % (tuple(out.shape),))
 mine = [(10, 4), (12, 4)] if RANK != N - 1 else [(10, 4), (12, 5)]
 expect_error(lambda: ShardedEmbeddingBag(mine), ["ranks disagree", "rank %d" % (N - 1)],
              "shape mismatch")

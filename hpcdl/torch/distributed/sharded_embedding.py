@@ -194,6 +194,8 @@ class ShardedEmbeddingBag(nn.Module):
             i, o = i.to("cpu", torch.int64), o.to("cpu", torch.int64)
             if batch is None:
                 batch = o.numel()
+            if not o.numel():
+                i = i[:0]          # no bags: ids belong to none (as embedding_bag ignores them)
             ends = torch.cat([o[1:], torch.tensor([i.numel()])])
             if (o.numel() != batch or (batch and int(o[0]) != 0)
                     or bool((ends < o).any())):
