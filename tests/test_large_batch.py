@@ -61,7 +61,8 @@ def test_summarize_means_over_seeds_and_counts_runs_that_missed():
 def test_cli_refuses_bad_values_in_one_line(capsys):
     from hpcdl.cli.main import main
     for argv, text in ((["--batches", "64,x"], "--batches"), (["--batches", "0"], "at least 1"),
-                       (["--target", "1.5"], "(0, 1]"), (["--epochs", "0"], "--epochs")):
+                       (["--target", "1.5"], "(0, 1]"), (["--epochs", "0"], "--epochs"),
+                       (["--offline-noise-scale", "-1"], "--offline-noise-scale")):
         rc = main(["bench", "large-batch"] + argv)
         err = capsys.readouterr().err
         assert rc == 2 and text in err, (argv, rc, err)
@@ -80,6 +81,7 @@ def test_study_runs_end_to_end_on_two_ranks(tmp_path):
     r = run_mpi(2, [sys.executable, "-m", "hpcdl", "bench", "large-batch", "--data", "digits",
                     "--model", "mlp", "--batches", "32,256", "--recipes", "goyal,plain",
                     "--epochs", "2", "--warmup-epochs", "1", "--json", str(out),
+                    "--offline-noise-scale", "512",
                     "--plot", str(tmp_path / "lb.png")], timeout=300)
     assert r.returncode == 0, r.stdout[-3000:]
     assert "== run 4/4: recipe plain, global batch 256" in r.stdout
@@ -95,6 +97,10 @@ def test_study_runs_end_to_end_on_two_ranks(tmp_path):
         assert row["final_acc"] == run["epochs"][-1]["test_accuracy"]
         assert len(run["epochs"]) == 2 and run["epochs"][-1]["step"] == 2 * (1437 // row["batch"])
     assert (tmp_path / "lb.png").stat().st_size > 0
+    for run in data["runs"]:  # the offline check at each run's final weights
+        diverged = not all(math.isfinite(e["loss"]) for e in run["epochs"])
+        assert diverged or run["b_simple_offline"] > 0, run
+    assert "offline B_simple at the final weights" in r.stdout and "B_offline" in r.stdout
 
 
 def test_median_b_simple_skips_epochs_without_an_estimate():

@@ -18,6 +18,13 @@ where the steps to the target reach twice the perfect-scaling line drawn
 from the smallest batch B0 (S_perfect(B) = S(B0) B0 / B). In the model
 that is B = B_noise + 2 B0 (B_noise itself when B0 << B_noise, where
 S = 2 S_min), so both estimates of the critical batch are printed.
+
+The online B_simple is checked against an offline estimate at the same
+weights (--offline-noise-scale SAMPLES, on by default): after each run that
+did not diverge, rank 0 loads its final model and estimates B_simple from
+SAMPLES training samples in batches of the run's per-rank size
+(hpcdl.optim.noise_scale.offline_noise_scale, no smoothing), beside the
+online value of the run's last epoch (smoothed over its last ~100 steps).
 """
 import json
 import math
@@ -42,6 +49,7 @@ class Options:
     warmup_epochs: float = None   # replaces the warmup of recipes that warm up
     extra: dict = field(default_factory=dict)   # more TrainConfig values for every run
     out: str = None               # keep each run's metrics here (default: a temp dir)
+    offline_samples: int = 16384  # offline B_simple from this many samples (0: no check)
     json: str = None
     plot: str = None
 
@@ -128,6 +136,8 @@ def summarize(runs, target):
                 train_s=mean([sum(e.get("epoch_time_s", 0.0) for e in r["epochs"])
                               for r in mine]),
                 b_simple=mean([median_b_simple(r["epochs"]) for r in mine]),
+                b_simple_last=mean([r["epochs"][-1].get("b_simple") for r in mine]),
+                b_simple_offline=mean([r.get("b_simple_offline") for r in mine]),
                 diverged=sum(1 for r in mine if not all(
                     math.isfinite(e["loss"]) for e in r["epochs"]))))
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
@@ -154,13 +164,41 @@ def run_values(opts, recipe, batch, seed, out):
 
 
 def train_one(opts, recipe, batch, seed, out):
-    """One training run, every rank together; rank 0 returns its epoch records."""
+    """One training run, every rank together; rank 0 returns its epoch records
+    and the offline B_simple at its final weights (None: not checked)."""
     from ..train import TrainConfig, train
-    train(TrainConfig(**run_values(opts, recipe, batch, seed, out)))
+    cfg = TrainConfig(**run_values(opts, recipe, batch, seed, out))
+    train(cfg)
     if comm.rank() != 0:
-        return None
+        return None, None
     with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        epochs = [json.loads(line) for line in f]
+    diverged = not all(math.isfinite(e["loss"]) for e in epochs)
+    if opts.offline_samples <= 0 or diverged:
+        return epochs, None
+    return epochs, offline_b_simple(cfg, out, opts.offline_samples, batch // comm.size())
+
+
+def offline_b_simple(cfg, out, samples, per_rank):
+    """B_simple at the run's final weights (out/model.pt) from `samples`
+    training samples drawn without replacement, in batches of per_rank (at
+    least 2 batches), with the run's training loss (label smoothing too)."""
+    import numpy as np
+    import torch
+    from ..optim.noise_scale import offline_noise_scale
+    from ..train import build, data
+    from ..train.config import with_recipe
+    cfg = with_recipe(cfg)
+    ds = data.load(cfg.data, cfg.seed, cfg.test_fraction)
+    model = build.build_model(cfg, ds)
+    model.load_state_dict(torch.load(os.path.join(out, "model.pt"), map_location="cpu",
+                                     weights_only=True))
+    model.train()  # as the gradients the online estimate saw
+    k = max(2, min(samples, ds.n_train) // per_rank)
+    rows = np.random.default_rng(cfg.seed + 7919).permutation(ds.n_train)[:k * per_rank]
+    ns = offline_noise_scale(model, lambda logits, y: build.train_loss(cfg, logits, y),
+                             ds.train_batches(rows.reshape(k, per_rank)))
+    return ns.b_simple
 
 
 def run(opts):
@@ -178,9 +216,13 @@ def run(opts):
             comm.print0("\n== run %d/%d: recipe %s, global batch %d, seed %d (%.0f s so far)"
                         % (i, len(plan), recipe, batch, seed, time.perf_counter() - t0))
             out = os.path.join(top, "%s-b%d-s%d" % (recipe, batch, seed))
-            epochs = train_one(opts, recipe, batch, seed, out)
+            epochs, offline = train_one(opts, recipe, batch, seed, out)
             if epochs is not None:
-                runs.append(dict(recipe=recipe, batch=batch, seed=seed, epochs=epochs))
+                runs.append(dict(recipe=recipe, batch=batch, seed=seed, epochs=epochs,
+                                 b_simple_offline=offline))
+                if offline is not None:
+                    print("offline B_simple at the final weights %.0f, online (last epoch) %s"
+                          % (offline, _fmt(epochs[-1].get("b_simple"), "%.0f")), flush=True)
     if comm.rank() != 0:
         return comm.bcast_object(None, root=0)
     a0 = mean([r["epochs"][-1]["test_accuracy"] for r in runs
@@ -207,15 +249,18 @@ def _fmt(value, fmt):
 def print_table(rows, a0, target, opts):
     print("\n# baseline A0 = %.4f (%s at batch %d, mean of %d seeds); target %.4f"
           % (a0, opts.recipes[0], opts.batches[0], len(opts.seeds), target))
-    print("# %-7s %7s %9s %9s %8s %10s %10s %9s %9s"
+    print("# %-7s %7s %9s %9s %8s %10s %10s %9s %9s %9s %9s"
           % ("recipe", "batch", "final", "best", "reached", "steps->tgt", "s->tgt",
-             "B_simple", "diverged"))
+             "B_simple", "B_last", "B_offline", "diverged"))
     for r in rows:
-        print("  %-7s %7d %9.4f %9.4f %5d/%-2d %10s %10s %9s %9d"
+        print("  %-7s %7d %9.4f %9.4f %5d/%-2d %10s %10s %9s %9s %9s %9d"
               % (r["recipe"], r["batch"], r["final_acc"], r["best_acc"], r["reached"],
                  r["seeds"], _fmt(r["steps_to_target"], "%.0f"),
                  _fmt(r["time_to_target_s"], "%.1f"), _fmt(r["b_simple"], "%.0f"),
+                 _fmt(r.get("b_simple_last"), "%.0f"), _fmt(r.get("b_simple_offline"), "%.0f"),
                  r["diverged"]))
+    print("# B_simple: the run's median over epochs; B_last: its last epoch's (online, "
+          "smoothed over ~100 steps); B_offline: at the final weights, offline")
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
         r = next(x for x in rows if x["recipe"] == recipe)
         print("# %s: fit S = S_min (1 + B_noise/B): S_min %s, B_noise %s; measured critical "

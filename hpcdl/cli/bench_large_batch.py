@@ -41,6 +41,10 @@ def register(sub):
                    help="target test accuracy (default: baseline's minus --target-drop)")
     p.add_argument("--target-drop", type=float, default=0.01,
                    help="target = baseline accuracy minus this (default 0.01: one point)")
+    p.add_argument("--offline-noise-scale", type=int, default=16384, metavar="SAMPLES",
+                   help="after each run that did not diverge, estimate B_simple offline at "
+                        "its final weights from this many training samples, to check the "
+                        "online value (default 16384; 0: no check)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="keep every run's metrics.jsonl and curves here")
     p.add_argument("--json", default=None, metavar="FILE", help="write rows and runs as JSON")
@@ -68,13 +72,17 @@ def options(args):
         raise UsageError("--epochs must be at least 1")
     if args.target is not None and not 0 < args.target <= 1:
         raise UsageError("--target %r: give an accuracy in (0, 1]" % args.target)
+    if args.offline_noise_scale < 0:
+        raise UsageError("--offline-noise-scale %d: give a sample count, or 0 for no check"
+                         % args.offline_noise_scale)
     if not 0 <= args.target_drop < 1:
         raise UsageError("--target-drop %r: give a value in [0, 1)" % args.target_drop)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [0]
     return Options(batches=sorted(set(_ints("--batches", args.batches))), recipes=recipes,
                    seeds=seeds, epochs=args.epochs, data=args.data, model=args.model,
-                   target=args.target, target_drop=args.target_drop, warmup_epochs=args.warmup_epochs,
-                   out=args.out,
+                   target=args.target, target_drop=args.target_drop,
+                   warmup_epochs=args.warmup_epochs, out=args.out,
+                   offline_samples=args.offline_noise_scale,
                    json=args.json, plot=args.plot)
 
 
@@ -109,8 +117,8 @@ def run(args):
         prepare_data(opts.data)  # generated data (MNIST-1D): once, here, with every CPU
         argv = [sys.executable, "-m", "hpcdl", "bench", "large-batch"]
         for flag in ("batches", "recipes", "seeds", "epochs", "data", "model",
-                     "warmup_epochs", "target",
-                     "target_drop", "out", "json", "plot"):
+                     "warmup_epochs", "target", "target_drop", "offline_noise_scale",
+                     "out", "json", "plot"):
             value = getattr(args, flag)
             argv += ["--" + flag.replace("_", "-"), str(value)] if value is not None else []
         return launcher.launch(args.n, argv, **launcher.launch_options(args))
