@@ -43,8 +43,11 @@ OPTIONS = (
                                 "warmup, decay (configs/recipes/NAME.yaml): "
                                 + ", ".join(RECIPES)),
     ("--epochs", "epochs", int, "passes over the training set"),
-    ("--global-batch", "global_batch", int, "samples per step over all ranks; a multiple "
-                                            "of the rank count"),
+    ("--global-batch", "global_batch", "batch", "samples per step over all ranks; a "
+                                                "multiple of the rank count; auto: re-picked "
+                                                "each epoch for goodput (docs/goodput.md)"),
+    ("--max-global-batch", "max_global_batch", int, "the largest batch --global-batch auto "
+                                                    "picks (default 16 x --base-batch)"),
     ("--optimizer", "optimizer", str, "optimizer: " + ", ".join(OPTIMIZERS)),
     ("--base-lr", "base_lr", float, "learning rate at --base-batch samples"),
     ("--base-batch", "base_batch", int, "the batch --base-lr is meant for"),
@@ -122,6 +125,16 @@ def _bool(text):
                                          % text)
 
 
+def _batch(text):
+    """--global-batch: an integer or auto."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r: give an integer like 128, or auto" % text)
+
+
 def register(sub):
     p = sub.add_parser(
         "train", help="train a model with data-parallel SGD",
@@ -141,7 +154,7 @@ def register(sub):
         extra = dict(nargs="?", const=True) if kind == "bool" else {}
         p.add_argument(flag, *ALIASES.get(flag, ()), dest=name,
                        type=_ints(INT_EXAMPLES[name]) if kind == "ints"
-                       else _bool if kind == "bool" else kind,
+                       else _bool if kind == "bool" else _batch if kind == "batch" else kind,
                        default=argparse.SUPPRESS, help="%s (default: %s)" % (text, shown),
                        **extra)
     p.add_argument("--resume", nargs="?", const="auto", default=argparse.SUPPRESS,

@@ -51,7 +51,9 @@ class TrainConfig:
     # how: batch, optimizer, learning rate
     recipe: str = None            # plain | goyal | lars | lamb: configs/recipes/NAME.yaml
     epochs: int = 30
-    global_batch: int = 128       # samples per step over all ranks, split evenly
+    global_batch: int = 128       # samples per step over all ranks, split evenly; "auto":
+                                  # re-picked per epoch for goodput (docs/goodput.md)
+    max_global_batch: int = None  # the ceiling of --global-batch auto (default 16 x base_batch)
     optimizer: str = "sgd"
     base_lr: float = 0.1          # the lr at base_batch; --lr-scaling scales it to global_batch
     base_batch: int = 256
@@ -82,6 +84,14 @@ class TrainConfig:
     resume: str = None            # "auto" (checkpoint_dir's, if any) or a checkpoint path
     out: str = None               # metrics.jsonl, summary.json, curves.png, model.pt (rank 0)
 
+    def __post_init__(self):
+        """--global-batch auto starts at the base batch, its lr by AdaScale."""
+        self.auto_batch = self.global_batch == "auto"
+        if self.auto_batch:
+            self.global_batch = self.base_batch
+            if self.lr_scaling == "none":
+                self.lr_scaling = "adascale"
+
     def check(self, size):
         """ConfigError, saying what to change, if this cannot run on size ranks."""
         for kind, name, names in (("model", self.model, TRAIN_MODELS),
@@ -107,6 +117,7 @@ class TrainConfig:
         self._check_zero()
         _positive("--global-batch", self.global_batch)
         self._check_adascale(size)
+        self._check_auto_batch()
         if self.global_batch % self._workers(size):
             w = self._workers(size)
             fits = [k for k in range(1, min(self.global_batch, 64) + 1)
@@ -194,6 +205,20 @@ class TrainConfig:
                               "(%d): the gain scales the base batch's lr up, never down"
                               % (self.global_batch, self.base_batch))
 
+    def _check_auto_batch(self):
+        if not self.auto_batch:
+            if self.max_global_batch is not None:
+                raise ConfigError("--max-global-batch is the ceiling of --global-batch auto; "
+                                  "give --global-batch auto or leave it out")
+            return
+        if self.lr_scaling != "adascale":
+            raise ConfigError("--global-batch auto takes its lr from AdaScale: use "
+                              "--lr-scaling adascale (or none), not %s" % self.lr_scaling)
+        if self.max_global_batch is not None and self.max_global_batch < self.base_batch:
+            raise ConfigError("--max-global-batch %d is below --base-batch %d; --global-batch "
+                              "auto picks between them" % (self.max_global_batch,
+                                                           self.base_batch))
+
     def _workers(self, size):
         return size - self.ps_ranks if self.mode.startswith("ps-") else size
 
@@ -275,6 +300,8 @@ def _field(path, key):
 def _coerce(path, key, value):
     """The value as the field's declared type: lists become tuples of ints."""
     kind = FIELDS[_field(path, key)].type
+    if _field(path, key) == "global_batch" and value == "auto":
+        return value
     try:
         if kind is tuple:
             items = value.split(",") if isinstance(value, str) else list(value)
@@ -353,8 +380,11 @@ def with_recipe(cfg):
     defaults win over the recipe, the others take the recipe's values."""
     if cfg.recipe is None or getattr(cfg, "recipe_applied", False):
         return cfg
-    return resolve({}, {name: getattr(cfg, name) for name, f in FIELDS.items()
-                        if getattr(cfg, name) != f.default})
+    values = {name: getattr(cfg, name) for name, f in FIELDS.items()
+              if getattr(cfg, name) != f.default}
+    if getattr(cfg, "auto_batch", False):
+        values["global_batch"] = "auto"
+    return resolve({}, values)
 
 
 def recipe_lines(cfg, peak_lr):

@@ -64,6 +64,7 @@ from . import build, checkpoint, data
 from .allreduce import AllReduce
 from .config import recipe_lines, with_recipe
 from .errors import ConfigError
+from .goodput import AutoBatch, refuse_auto_checkpoint
 from .precision import autocast
 from .ps_mode import ParameterServer
 from .report import Reporter, params_digest
@@ -94,8 +95,11 @@ def train(cfg):
     strategy.n_train = ds.n_train
     strategy.build(model, steps)
     run = Run(cfg, ds, model, strategy)
+    run.auto = AutoBatch(cfg, strategy, ds) if getattr(cfg, "auto_batch", False) else None
     resume_or_start(run)
     comm.print0("hpcdl train: " + strategy.describe(ds))
+    if run.auto is not None:
+        comm.print0("hpcdl train: " + run.auto.describe())
     for line in recipe_lines(cfg, build.peak_lr(cfg)):
         comm.print0("hpcdl train: " + line)
 
@@ -139,6 +143,7 @@ class Run:
     train_samples: int = 0
     eval_time: float = 0.0      # this rank's seconds in the epochs' evaluations
     target: dict = None         # when --target-accuracy was first reached (see reach_target)
+    auto: object = None         # --global-batch auto's goodput.AutoBatch, else None
 
     def step_done(self, s, loss_sum, correct, seen, reporter):
         """Step s of the epoch is taken: its summed loss and correct count over
@@ -194,8 +199,14 @@ def resume_or_start(run):
     if not path:
         run.strategy.start_fresh()
         return
+    if run.auto is not None:  # the checkpoint's batch, before its meta is checked
+        run.auto.adopt(path)
     state = checkpoint.load(path, run.cfg, run.model)
     run.strategy.load_state_dict(state)
+    if run.auto is not None:
+        run.auto.load_state_dict(state)
+    else:
+        refuse_auto_checkpoint(state, path)
     pos = state["position"]
     run.epoch, run.step_in_epoch, run.global_step = (
         pos["epoch"], pos["step_in_epoch"], pos["global_step"])
@@ -218,6 +229,7 @@ def state_of(run):
         "sums": dict(run.sums), "train_time": run.train_time,
         "train_samples": run.train_samples, "eval_time": run.eval_time,
         "target": run.target,
+        "goodput": run.auto.state_dict() if run.auto is not None else None,
     }, **run.strategy.state_dict())
 
 
@@ -326,6 +338,8 @@ def end_epoch(run, reporter):
     rec = dict(epoch=run.epoch, step=run.global_step, loss=loss_sum / seen,
                accuracy=correct / seen, test_loss=test_loss, test_accuracy=test_acc,
                lr=run.strategy.lr(), samples_per_s=seen / dt, epoch_time_s=dt, **extra)
+    if run.auto is not None:  # the next epoch's global batch, for goodput
+        rec.update(run.auto.end_epoch(run.epoch, dt, seen))
     reporter.end_epoch(rec)
     run.train_time += dt
     run.train_samples += int(seen)

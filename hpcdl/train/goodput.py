@@ -1,0 +1,165 @@
+"""goodput.py - `hpcdl train --global-batch auto` (docs/goodput.md): at the end of
+every epoch the global batch of the next one is re-picked to maximise goodput
+(hpcdl/optim/goodput.py) from the running gradient noise scale B_simple and a
+step-time model; the lr follows by AdaScale (its scale set to batch / base).
+
+The step-time model t(L) = a + c L + comm is measured once, at the end of the
+first epoch: a + c L fitted to forward+backward times of a fresh copy of the
+model at the candidates' local batches (the mean over ranks, so every rank
+fits the same line), comm = the epoch's measured step time less the fitted
+compute at its local batch. It is then kept (and checkpointed): later choices
+depend only on B_simple, the same on every rank and in a resumed run.
+
+Changing the batch from G to G' (local L to L'): the data shard of the next
+epoch is cut at G' (data.epoch_shard reads cfg.global_batch), AdaScale's
+scale becomes G' / base batch, and the noise scale's smoothed per-step
+variance, kept in units of one rank's step, is rescaled by L / L'. The rank
+count is fixed, and so is accumulation (k = 1: DistributedOptimizer's passes
+per step are set when it is built).
+"""
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .. import comm
+from ..optim import goodput as gp
+from ..optim.adascale import check_scale
+from . import build
+from .errors import ConfigError
+from .precision import autocast
+
+CEILING_OVER_BASE = 16  # the default --max-global-batch, over --base-batch
+PROBE_REPEATS = 3       # timed forward+backward passes per local batch (after one warm-up)
+
+
+class AutoBatch:
+    """The batch choice of one run (trainer.py calls it at each epoch's end)."""
+
+    def __init__(self, cfg, strategy, ds):
+        self.cfg, self.strategy, self.ds = cfg, strategy, ds
+        self.ranks = comm.size()
+        ceiling = cfg.max_global_batch or CEILING_OVER_BASE * cfg.base_batch
+        self.ceiling = min(ceiling, ds.n_train)
+        self.cands = gp.candidates(self.ranks, cfg.base_batch, self.ceiling)
+        self.model = None   # gp.StepTime, measured at the end of the first epoch
+        self.changes = 0
+
+    def describe(self):
+        return ("global batch auto: one of %s (base %d, ceiling %d), re-picked at each "
+                "epoch's end for the largest predicted goodput; lr by AdaScale"
+                % (",".join(str(m) for m, _, _ in self.cands), self.cfg.base_batch,
+                   self.ceiling))
+
+    # ------------------------------------------------------------ the choice
+    def end_epoch(self, epoch, dt, seen):
+        """After an epoch of dt seconds (mean over ranks) over seen samples (all
+        ranks): the record's fields, and the next epoch's batch applied.
+        Collective (the first time: the probe's times are averaged)."""
+        cfg, fields = self.cfg, {"global_batch": self.cfg.global_batch}
+        if self.model is None:
+            steps = max(1, round(seen / cfg.global_batch))
+            self.model = self.measure(dt / steps)
+            fields["step_time_model"] = self.model.state_dict()
+        b_noise = self.strategy.b_simple()
+        rows = gp.table(b_noise, cfg.base_batch, self.model, self.cands)
+        pick = gp.best(rows)["global_batch"]
+        fields["goodput"] = [dict(global_batch=r["global_batch"], step_time_s=r["step_time_s"],
+                                  efficiency=r["efficiency"], goodput=r["goodput"])
+                             for r in rows]
+        fields["next_global_batch"] = pick
+        if pick != cfg.global_batch:
+            comm.print0("hpcdl train: epoch %d: global batch %d -> %d (B_simple %s; predicted "
+                        "goodput %s)" % (epoch, cfg.global_batch, pick,
+                                         "%.4g" % b_noise if b_noise else "not measured",
+                                         ", ".join("%d: %.0f" % (r["global_batch"],
+                                                                 r["goodput"]) for r in rows)))
+            self.apply(pick)
+            self.changes += 1
+        return fields
+
+    def apply(self, batch):
+        """The next steps take global batch `batch` (see the module docstring)."""
+        old_local, new_local = self.cfg.global_batch // self.ranks, batch // self.ranks
+        meter = self.strategy.opt.noise_meter
+        if meter is not None:
+            meter.settle()
+            meter.smoothed.var *= old_local / new_local
+        self.strategy.adascale().progress.scale = check_scale(batch / self.cfg.base_batch)
+        self.cfg.global_batch = batch
+
+    # ------------------------------------------------------------ the step-time model
+    def measure(self, step_s):
+        """StepTime from the probe and the measured step time (collective)."""
+        locals_ = sorted({local for _, local, _ in self.cands})
+        secs = global_means([self.probe(local) for local in locals_])
+        a, c = gp.fit_line(list(zip(locals_, secs)))
+        current = self.cfg.global_batch // self.ranks
+        step_s, = global_means([step_s])
+        return gp.StepTime(a, c, max(step_s - (a + c * current), 0.0))
+
+    def probe(self, local):
+        """Seconds of one forward+backward of a fresh model copy at `local`
+        samples (the fastest of PROBE_REPEATS after a warm-up). The run's
+        model, optimizer and random state are untouched."""
+        cfg, device = self.cfg, self.strategy.device
+        with torch.random.fork_rng(devices=[]):
+            model = build.build_model(cfg, self.ds).to(device)
+        model.train()
+        n = min(local, self.ds.n_train)
+        x, y = self.ds.x_train[:n].to(device), self.ds.y_train[:n].to(device)
+        best = float("inf")
+        for rep in range(PROBE_REPEATS + 1):
+            t0 = time.perf_counter()
+            with autocast(cfg.precision, device):
+                logits = model(x)
+            F.cross_entropy(logits.float(), y).backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if rep:
+                best = min(best, time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+        return best * local / n
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self):
+        return dict(global_batch=self.cfg.global_batch, changes=self.changes,
+                    model=self.model.state_dict() if self.model else None)
+
+    def adopt(self, path):
+        """Before the checkpoint at path is loaded and checked: its chosen batch
+        becomes this run's (its meta records the batch of the epoch it stopped
+        in). A checkpoint of a fixed-batch run is refused. Every rank reads the
+        same file, so every rank decides alike."""
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:
+            return  # checkpoint.load says what is wrong with it
+        if not isinstance(state, dict) or "meta" not in state:
+            return
+        if state.get("goodput") is None:
+            raise ConfigError("checkpoint %s was written by a run with a fixed --global-batch; "
+                              "resume it with that batch, not auto" % path)
+        self.cfg.global_batch = state["goodput"]["global_batch"]
+
+    def load_state_dict(self, state):
+        """After the strategy's state: the model, and AdaScale's scale for the batch."""
+        g = state["goodput"]
+        self.changes = g["changes"]
+        self.model = gp.StepTime(**g["model"]) if g["model"] else None
+        self.strategy.adascale().progress.scale = check_scale(
+            self.cfg.global_batch / self.cfg.base_batch)
+
+
+def refuse_auto_checkpoint(state, path):
+    """A fixed-batch run cannot resume a --global-batch auto checkpoint."""
+    if state.get("goodput") is not None:
+        raise ConfigError("checkpoint %s was written by a run with --global-batch auto; "
+                          "resume it with --global-batch auto" % path)
+
+
+def global_means(values):
+    """The mean over ranks of each value (one small float64 all-reduce)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    comm.allreduce(t, op="sum")
+    return (t / comm.size()).tolist()
