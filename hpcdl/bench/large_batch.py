@@ -21,10 +21,12 @@ S = 2 S_min), so both estimates of the critical batch are printed.
 
 The online B_simple is checked against an offline estimate at the same
 weights (--offline-noise-scale SAMPLES, on by default): after each run that
-did not diverge, rank 0 loads its final model and estimates B_simple from
-SAMPLES training samples in batches of the run's per-rank size
-(hpcdl.optim.noise_scale.offline_noise_scale, no smoothing), beside the
-online value of the run's last epoch (smoothed over its last ~100 steps).
+did not diverge, the ranks load its final model and, with the weights
+frozen (lr 0), estimate B_simple online as training does (global batches of
+the run's size) and offline on rank 0 (offline_noise_scale over the same
+samples in per-rank slices). The training's own last-epoch value is printed
+beside them; it averages over the last ~100 steps of moving weights, so it
+need not match the final weights' value.
 """
 import json
 import math
@@ -137,6 +139,7 @@ def summarize(runs, target):
                               for r in mine]),
                 b_simple=mean([median_b_simple(r["epochs"]) for r in mine]),
                 b_simple_last=mean([r["epochs"][-1].get("b_simple") for r in mine]),
+                b_simple_frozen=mean([r.get("b_simple_frozen") for r in mine]),
                 b_simple_offline=mean([r.get("b_simple_offline") for r in mine]),
                 diverged=sum(1 for r in mine if not all(
                     math.isfinite(e["loss"]) for e in r["epochs"]))))
@@ -165,40 +168,58 @@ def run_values(opts, recipe, batch, seed, out):
 
 def train_one(opts, recipe, batch, seed, out):
     """One training run, every rank together; rank 0 returns its epoch records
-    and the offline B_simple at its final weights (None: not checked)."""
+    and the noise-scale check at its final weights ((online, offline) B_simple,
+    or None: not checked)."""
     from ..train import TrainConfig, train
     cfg = TrainConfig(**run_values(opts, recipe, batch, seed, out))
     train(cfg)
-    if comm.rank() != 0:
-        return None, None
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        epochs = [json.loads(line) for line in f]
-    diverged = not all(math.isfinite(e["loss"]) for e in epochs)
-    if opts.offline_samples <= 0 or diverged:
+    epochs = None
+    if comm.rank() == 0:
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            epochs = [json.loads(line) for line in f]
+    diverged = comm.bcast_object(
+        epochs is not None and not all(math.isfinite(e["loss"]) for e in epochs))
+    if opts.offline_samples <= 0 or diverged or comm.size() < 2:
         return epochs, None
-    return epochs, offline_b_simple(cfg, out, opts.offline_samples, batch // comm.size())
+    return epochs, noise_scale_check(cfg, out, opts.offline_samples)
 
 
-def offline_b_simple(cfg, out, samples, per_rank):
-    """B_simple at the run's final weights (out/model.pt) from `samples`
-    training samples drawn without replacement, in batches of per_rank (at
-    least 2 batches), with the run's training loss (label smoothing too)."""
+def noise_scale_check(cfg, out, samples):
+    """Collective. B_simple at the run's final weights (rank 0's out/model.pt, frozen:
+    an lr of 0) estimated twice from the same `samples` training samples:
+    online, by DistributedOptimizer(noise_scale=True) over global batches of
+    the run's size on the job's ranks, and offline on rank 0
+    (offline_noise_scale over the per-rank slices). Returns (online, offline)
+    on rank 0, None elsewhere."""
     import numpy as np
     import torch
+    from .. import torch as hvd
     from ..optim.noise_scale import offline_noise_scale
     from ..train import build, data
     from ..train.config import with_recipe
     cfg = with_recipe(cfg)
     ds = data.load(cfg.data, cfg.seed, cfg.test_fraction)
     model = build.build_model(cfg, ds)
-    model.load_state_dict(torch.load(os.path.join(out, "model.pt"), map_location="cpu",
-                                     weights_only=True))
-    model.train()  # as the gradients the online estimate saw
-    k = max(2, min(samples, ds.n_train) // per_rank)
-    rows = np.random.default_rng(cfg.seed + 7919).permutation(ds.n_train)[:k * per_rank]
-    ns = offline_noise_scale(model, lambda logits, y: build.train_loss(cfg, logits, y),
-                             ds.train_batches(rows.reshape(k, per_rank)))
-    return ns.b_simple
+    state = torch.load(os.path.join(out, "model.pt"), map_location="cpu",
+                       weights_only=True) if comm.rank() == 0 else None
+    model.load_state_dict(comm.bcast_object(state))  # rank 0 wrote it, in its own --out
+    n, b = comm.size(), cfg.global_batch // comm.size()
+    k = max(2, min(samples, ds.n_train) // cfg.global_batch)
+    rows = np.random.default_rng(cfg.seed + 7919).permutation(ds.n_train)[:k * n * b]
+    rows = rows.reshape(k, n, b)
+    loss = lambda logits, y: build.train_loss(cfg, logits, y)  # noqa: E731
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                   named_parameters=model.named_parameters(), noise_scale=True)
+    model.train()  # as the training steps' gradients
+    for x, y in ds.train_batches(rows[:, comm.rank()]):
+        opt.zero_grad()
+        loss(model(x), y).backward()
+        opt.step()
+    online = opt.noise_scale(batch_size=b).b_simple
+    if comm.rank() != 0:
+        return None
+    offline = offline_noise_scale(model, loss, ds.train_batches(rows.reshape(k * n, b)))
+    return online, offline.b_simple
 
 
 def run(opts):
@@ -216,13 +237,16 @@ def run(opts):
             comm.print0("\n== run %d/%d: recipe %s, global batch %d, seed %d (%.0f s so far)"
                         % (i, len(plan), recipe, batch, seed, time.perf_counter() - t0))
             out = os.path.join(top, "%s-b%d-s%d" % (recipe, batch, seed))
-            epochs, offline = train_one(opts, recipe, batch, seed, out)
+            epochs, check = train_one(opts, recipe, batch, seed, out)
             if epochs is not None:
+                online, offline = check or (None, None)
                 runs.append(dict(recipe=recipe, batch=batch, seed=seed, epochs=epochs,
-                                 b_simple_offline=offline))
-                if offline is not None:
-                    print("offline B_simple at the final weights %.0f, online (last epoch) %s"
-                          % (offline, _fmt(epochs[-1].get("b_simple"), "%.0f")), flush=True)
+                                 b_simple_frozen=online, b_simple_offline=offline))
+                if check is not None:
+                    print("B_simple at the final weights (frozen, %d samples): online %.4g, "
+                          "offline %.4g; the training's last epoch %s"
+                          % (opts.offline_samples, online, offline,
+                             _fmt(epochs[-1].get("b_simple"), "%.4g")), flush=True)
     if comm.rank() != 0:
         return comm.bcast_object(None, root=0)
     a0 = mean([r["epochs"][-1]["test_accuracy"] for r in runs
@@ -249,18 +273,19 @@ def _fmt(value, fmt):
 def print_table(rows, a0, target, opts):
     print("\n# baseline A0 = %.4f (%s at batch %d, mean of %d seeds); target %.4f"
           % (a0, opts.recipes[0], opts.batches[0], len(opts.seeds), target))
-    print("# %-7s %7s %9s %9s %8s %10s %10s %9s %9s %9s %9s"
+    print("# %-7s %7s %9s %9s %8s %10s %10s %9s %9s %9s %9s %9s"
           % ("recipe", "batch", "final", "best", "reached", "steps->tgt", "s->tgt",
-             "B_simple", "B_last", "B_offline", "diverged"))
+             "B_simple", "B_last", "B_frozen", "B_offline", "diverged"))
     for r in rows:
-        print("  %-7s %7d %9.4f %9.4f %5d/%-2d %10s %10s %9s %9s %9s %9d"
+        print("  %-7s %7d %9.4f %9.4f %5d/%-2d %10s %10s %9s %9s %9s %9s %9d"
               % (r["recipe"], r["batch"], r["final_acc"], r["best_acc"], r["reached"],
                  r["seeds"], _fmt(r["steps_to_target"], "%.0f"),
                  _fmt(r["time_to_target_s"], "%.1f"), _fmt(r["b_simple"], "%.0f"),
-                 _fmt(r.get("b_simple_last"), "%.0f"), _fmt(r.get("b_simple_offline"), "%.0f"),
-                 r["diverged"]))
+                 _fmt(r.get("b_simple_last"), "%.0f"), _fmt(r.get("b_simple_frozen"), "%.0f"),
+                 _fmt(r.get("b_simple_offline"), "%.0f"), r["diverged"]))
     print("# B_simple: the run's median over epochs; B_last: its last epoch's (online, "
-          "smoothed over ~100 steps); B_offline: at the final weights, offline")
+          "smoothed over ~100 steps); B_frozen / B_offline: at the final weights, online "
+          "and offline from the same samples")
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
         r = next(x for x in rows if x["recipe"] == recipe)
         print("# %s: fit S = S_min (1 + B_noise/B): S_min %s, B_noise %s; measured critical "
