@@ -167,21 +167,26 @@ def run_values(opts, recipe, batch, seed, out):
 
 
 def train_one(opts, recipe, batch, seed, out):
-    """One training run, every rank together; rank 0 returns its epoch records
-    and the noise-scale check at its final weights ((online, offline) B_simple,
-    or None: not checked)."""
+    """One training run, every rank together; rank 0 returns its epoch records."""
     from ..train import TrainConfig, train
-    cfg = TrainConfig(**run_values(opts, recipe, batch, seed, out))
-    train(cfg)
-    epochs = None
-    if comm.rank() == 0:
-        with open(os.path.join(out, "metrics.jsonl")) as f:
-            epochs = [json.loads(line) for line in f]
+    train(TrainConfig(**run_values(opts, recipe, batch, seed, out)))
+    if comm.rank() != 0:
+        return None
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def check_after(opts, recipe, batch, seed, out, epochs):
+    """Collective, after a run: the noise-scale check at its final weights
+    ((online, offline) B_simple on rank 0), or None: not asked for, one
+    rank, or the run diverged (rank 0's epochs say)."""
+    from ..train import TrainConfig
     diverged = comm.bcast_object(
         epochs is not None and not all(math.isfinite(e["loss"]) for e in epochs))
     if opts.offline_samples <= 0 or diverged or comm.size() < 2:
-        return epochs, None
-    return epochs, noise_scale_check(cfg, out, opts.offline_samples)
+        return None
+    cfg = TrainConfig(**run_values(opts, recipe, batch, seed, out))
+    return noise_scale_check(cfg, out, opts.offline_samples)
 
 
 def noise_scale_check(cfg, out, samples):
@@ -237,7 +242,8 @@ def run(opts):
             comm.print0("\n== run %d/%d: recipe %s, global batch %d, seed %d (%.0f s so far)"
                         % (i, len(plan), recipe, batch, seed, time.perf_counter() - t0))
             out = os.path.join(top, "%s-b%d-s%d" % (recipe, batch, seed))
-            epochs, check = train_one(opts, recipe, batch, seed, out)
+            epochs = train_one(opts, recipe, batch, seed, out)
+            check = check_after(opts, recipe, batch, seed, out, epochs)
             if epochs is not None:
                 online, offline = check or (None, None)
                 runs.append(dict(recipe=recipe, batch=batch, seed=seed, epochs=epochs,
