@@ -58,9 +58,53 @@ def test_summarize_means_over_seeds_and_counts_runs_that_missed():
     assert small["fit_s_min"] is None  # one batch reached in every seed: no fit
 
 
+def test_summarize_keeps_the_auto_row_out_of_the_fit(tmp_path):
+    """An auto row: its steps and time to the target read as for the others,
+    its final batch the last epoch's (mean over seeds); the fit and the
+    critical batch over the fixed batches alone (McCandlish points, exact)."""
+    s_min, b_noise = 100.0, 500.0
+    runs = []
+    for b in (64, 256, 1024):  # steps to target = S(B), reached at epoch 2 of 2
+        spe = s_min * (1 + b_noise / b) / 2
+        runs.append(dict(recipe="plain", batch=b, seed=0, epochs=_epochs([0.5, 0.95], spe)))
+    auto = _epochs([0.6, 0.93, 0.96], 40, seconds_per_epoch=1.0)
+    for e, g in zip(auto, (64, 256, 1024)):
+        e["global_batch"] = g
+    runs.insert(1, dict(recipe="plain", batch="auto", seed=0, epochs=auto))
+    rows = lb.summarize(runs, target=0.95)
+    assert [r["batch"] for r in rows] == [64, 256, 1024, "auto"]
+    a = rows[-1]
+    assert a["steps_to_target"] == 120 and a["time_to_target_s"] == pytest.approx(3.0)
+    assert a["final_batch"] == 1024 and a["final_acc"] == pytest.approx(0.96)
+    assert a["fit_s_min"] == pytest.approx(s_min) and a["fit_b_noise"] == pytest.approx(b_noise)
+    assert lb.global_batches(runs[1]) == [64, 256, 1024]
+    assert lb.global_batches(runs[0]) == [64, 64]
+    lb.plot(rows, 0.95, str(tmp_path / "auto.png"))  # the auto row drawn, no error
+    assert (tmp_path / "auto.png").stat().st_size > 0
+
+
+def test_cli_reads_auto_in_any_position_and_checks_it_before_any_rank():
+    from hpcdl.cli.bench_large_batch import _batches, check_configs
+    from hpcdl.cli.main import UsageError
+    assert _batches("1024,auto,64") == ([64, 1024], True)
+    assert _batches("256,64") == ([64, 256], False)
+    opts = lb.Options(batches=[64, 1024], recipes=["plain", "goyal"], auto=True)
+    check_configs(opts)  # plain and goyal: base batch 64 <= the ceiling 1024
+    values = lb.run_values(opts, "plain", "auto", 0, None)
+    assert values["global_batch"] == "auto" and values["lr_scaling"] == "adascale"
+    assert values["max_global_batch"] == 1024
+    with pytest.raises(UsageError, match="recipe lars, batch auto: --max-global-batch 1024"):
+        check_configs(lb.Options(batches=[64, 1024], recipes=["lars"], auto=True))
+    with pytest.raises(UsageError, match="batch auto: .*1 rank"):
+        check_configs(opts, ranks=1)
+
+
 def test_cli_refuses_bad_values_in_one_line(capsys):
     from hpcdl.cli.main import main
     for argv, text in ((["--batches", "64,x"], "--batches"), (["--batches", "0"], "at least 1"),
+                       (["--batches", "auto"], "at least one fixed batch beside auto"),
+                       (["--batches", "auto,64,auto"], "give auto once"),
+                       (["--batches", "64,automatic"], "or the word auto"),
                        (["--target", "1.5"], "(0, 1]"), (["--epochs", "0"], "--epochs"),
                        (["--offline-noise-scale", "-1"], "--offline-noise-scale")):
         rc = main(["bench", "large-batch"] + argv)
@@ -70,34 +114,46 @@ def test_cli_refuses_bad_values_in_one_line(capsys):
 
 @pytest.mark.mpi
 def test_study_runs_end_to_end_on_two_ranks(tmp_path):
-    """The seconds-long version of the study: 2 recipes x 2 batches on digits,
-    one epoch; the table, the JSON and the plot come out, and the JSON's rows
-    agree with its own per-run epoch records."""
+    """The seconds-long version of the study: 2 recipes x (2 batches + auto) on
+    digits, two epochs; the table, the JSON and the plot come out, and the
+    JSON's rows agree with its own per-run epoch records."""
     import json
     import sys
 
     from mpi_harness import run_mpi
     out = tmp_path / "lb.json"
     r = run_mpi(2, [sys.executable, "-m", "hpcdl", "bench", "large-batch", "--data", "digits",
-                    "--model", "mlp", "--batches", "32,256", "--recipes", "goyal,plain",
+                    "--model", "mlp", "--batches", "256,auto,32", "--recipes", "goyal,plain",
                     "--epochs", "2", "--warmup-epochs", "1", "--json", str(out),
                     "--offline-noise-scale", "512",
                     "--plot", str(tmp_path / "lb.png")], timeout=300)
     assert r.returncode == 0, r.stdout[-3000:]
-    assert "== run 4/4: recipe plain, global batch 256" in r.stdout
+    assert "== run 6/6: recipe plain, global batch auto" in r.stdout
     data = json.loads(out.read_text())
     assert [(row["recipe"], row["batch"]) for row in data["rows"]] == \
-        [("goyal", 32), ("goyal", 256), ("plain", 32), ("plain", 256)]
+        [("goyal", 32), ("goyal", 256), ("goyal", "auto"), ("plain", 32), ("plain", 256),
+         ("plain", "auto")]
+    autos = [run for run in data["runs"] if run["batch"] == "auto"]
+    for run in autos:  # auto starts at the recipes' base batch 64, ends within 64..256
+        row = next(x for x in data["rows"] if (x["recipe"], x["batch"]) == (run["recipe"],
+                                                                           "auto"))
+        assert run["global_batches"][0] == 64 and set(run["global_batches"]) <= {64, 128, 256}
+        assert row["final_batch"] == run["global_batches"][-1]
+        assert row["final_acc"] == run["epochs"][-1]["test_accuracy"]
+        assert row["fit_s_min"] == next(x for x in data["rows"] if x["recipe"] == run[
+            "recipe"])["fit_s_min"]  # the recipe's fit, of its fixed batches
+        assert run["b_simple_offline"] is None  # no single batch to check at
+    assert "plain auto: --global-batch auto, lr by AdaScale" in r.stdout
     base = next(run for run in data["runs"] if run["recipe"] == "goyal" and run["batch"] == 32)
     assert data["a0"] == base["epochs"][-1]["test_accuracy"]
     assert data["target"] == pytest.approx(data["a0"] - 0.01)
-    for row in data["rows"]:
+    for row in data["rows"][:2] + data["rows"][3:5]:
         run = next(x for x in data["runs"] if (x["recipe"], x["batch"]) == (row["recipe"],
                                                                              row["batch"]))
         assert row["final_acc"] == run["epochs"][-1]["test_accuracy"]
         assert len(run["epochs"]) == 2 and run["epochs"][-1]["step"] == 2 * (1437 // row["batch"])
     assert (tmp_path / "lb.png").stat().st_size > 0
-    for run in data["runs"]:  # the offline check at each run's final weights
+    for run in [x for x in data["runs"] if x["batch"] != "auto"]:  # the offline check
         diverged = not all(math.isfinite(e["loss"]) for e in run["epochs"])
         assert diverged or (run["b_simple_offline"] > 0 and run["b_simple_frozen"] > 0), run
     assert "B_simple at the final weights (frozen, 512 samples)" in r.stdout, r.stdout

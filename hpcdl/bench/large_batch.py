@@ -27,6 +27,16 @@ the run's size) and offline on rank 0 (offline_noise_scale over the same
 samples in per-rank slices). The training's own last-epoch value is printed
 beside them; it averages over the last ~100 steps of moving weights, so it
 need not match the final weights' value.
+
+An auto row (Options.auto, `--batches auto,...`): per recipe, one more run
+with `hpcdl train --global-batch auto` (docs/goodput.md): the recipe's values
+with --lr-scaling adascale forced (auto takes its lr from AdaScale), the base
+batch the recipe's, the ceiling (--max-global-batch) the largest fixed batch.
+Its row's batch is "auto"; its steps and time to the target are read as for
+the others (the time is the comparison that matters: its steps mix batch
+sizes). Its runs keep the batch of every epoch (global_batches, from
+metrics.jsonl). It has no single batch, so the fit and the critical batch
+ignore it, and the baseline A0 is always a fixed batch's.
 """
 import json
 import math
@@ -37,10 +47,12 @@ from dataclasses import dataclass, field
 
 from .. import comm
 
+AUTO = "auto"  # the batch of a --global-batch auto run (Options.auto)
+
 
 @dataclass
 class Options:
-    batches: list                 # global batch sizes, ascending
+    batches: list                 # fixed global batch sizes, ascending
     recipes: list                 # recipe names (configs/recipes/)
     seeds: list = field(default_factory=lambda: [0])
     epochs: int = 10
@@ -54,6 +66,7 @@ class Options:
     offline_samples: int = 16384  # offline B_simple from this many samples (0: no check)
     json: str = None
     plot: str = None
+    auto: bool = False            # also one --global-batch auto run per recipe and seed
 
 
 # ---------------------------------------------------------------- pure analysis
@@ -122,7 +135,9 @@ def summarize(runs, target):
     """Rows per recipe x batch (means over seeds) from the runs' records."""
     rows = []
     for recipe in dict.fromkeys(r["recipe"] for r in runs):
-        for batch in sorted({r["batch"] for r in runs if r["recipe"] == recipe}):
+        batches = {r["batch"] for r in runs if r["recipe"] == recipe}
+        fixed = sorted(b for b in batches if b != AUTO)
+        for batch in fixed + [AUTO] * (AUTO in batches):
             mine = [r for r in runs if r["recipe"] == recipe and r["batch"] == batch]
             hits = [first_reach(r["epochs"], target) for r in mine]
             reached = [h for h in hits if h is not None]
@@ -143,9 +158,12 @@ def summarize(runs, target):
                 b_simple_offline=mean([r.get("b_simple_offline") for r in mine]),
                 diverged=sum(1 for r in mine if not all(
                     math.isfinite(e["loss"]) for e in r["epochs"]))))
+            if batch == AUTO:  # where auto ended: the mean over seeds of the last batch
+                rows[-1]["final_batch"] = mean([global_batches(r)[-1] for r in mine])
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
         pts = [(r["batch"], r["steps_to_target"]) for r in rows
-               if r["recipe"] == recipe and r["steps_to_target"] is not None]
+               if r["recipe"] == recipe and r["steps_to_target"] is not None
+               and r["batch"] != AUTO]
         fit, crit = fit_steps(pts), critical_batch(pts)
         for r in rows:
             if r["recipe"] == recipe:
@@ -154,13 +172,25 @@ def summarize(runs, target):
     return rows
 
 
+def global_batches(run):
+    """The global batch of each epoch of a run: its records' (an auto run's),
+    else its fixed batch."""
+    return [e.get("global_batch", run["batch"]) for e in run["epochs"]]
+
+
 # ---------------------------------------------------------------- the runs
 def run_values(opts, recipe, batch, seed, out):
     """TrainConfig values of one run: the recipe's own, with this study's data,
-    model, batch, budget and seed (and --warmup-epochs where the recipe warms up)."""
+    model, batch, budget and seed (and --warmup-epochs where the recipe warms up).
+    batch "auto": --global-batch auto, --lr-scaling adascale, the ceiling the
+    largest fixed batch."""
     from ..train.config import load_recipe
     values = dict(opts.extra, data=opts.data, model=opts.model, recipe=recipe,
                   global_batch=batch, epochs=opts.epochs, seed=seed, out=out)
+    if batch == AUTO:
+        values["lr_scaling"] = "adascale"
+        if opts.batches:
+            values["max_global_batch"] = max(opts.batches)
     if opts.warmup_epochs is not None and load_recipe(recipe).get("warmup_epochs", 0) > 0:
         values["warmup_epochs"] = opts.warmup_epochs
     return values
@@ -179,11 +209,12 @@ def train_one(opts, recipe, batch, seed, out):
 def check_after(opts, recipe, batch, seed, out, epochs):
     """Collective, after a run: the noise-scale check at its final weights
     ((online, offline) B_simple on rank 0), or None: not asked for, one
-    rank, or the run diverged (rank 0's epochs say)."""
+    rank, an auto run (no single batch to estimate at), or the run diverged
+    (rank 0's epochs say)."""
     from ..train import TrainConfig
     diverged = comm.bcast_object(
         epochs is not None and not all(math.isfinite(e["loss"]) for e in epochs))
-    if opts.offline_samples <= 0 or diverged or comm.size() < 2:
+    if opts.offline_samples <= 0 or diverged or comm.size() < 2 or batch == AUTO:
         return None
     cfg = TrainConfig(**run_values(opts, recipe, batch, seed, out))
     return noise_scale_check(cfg, out, opts.offline_samples)
@@ -230,24 +261,27 @@ def noise_scale_check(cfg, out, samples):
 def run(opts):
     """The study (collective); returns the exit status (0) on every rank."""
     comm.init()
-    plan = [(r, b, s) for r in opts.recipes for b in opts.batches for s in opts.seeds]
+    batches = list(opts.batches) + [AUTO] * bool(opts.auto)
+    plan = [(r, b, s) for r in opts.recipes for b in batches for s in opts.seeds]
     comm.print0("# hpcdl bench large-batch: %d runs (%d recipes x %d batches x %d seeds), "
                 "%s, %s, %d epochs each, %d ranks"
-                % (len(plan), len(opts.recipes), len(opts.batches), len(opts.seeds),
+                % (len(plan), len(opts.recipes), len(batches), len(opts.seeds),
                    opts.data, opts.model, opts.epochs, comm.size()))
     runs, t0 = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hpcdl-large-batch-") as tmp:
         top = opts.out or tmp
         for i, (recipe, batch, seed) in enumerate(plan, 1):
-            comm.print0("\n== run %d/%d: recipe %s, global batch %d, seed %d (%.0f s so far)"
+            comm.print0("\n== run %d/%d: recipe %s, global batch %s, seed %d (%.0f s so far)"
                         % (i, len(plan), recipe, batch, seed, time.perf_counter() - t0))
-            out = os.path.join(top, "%s-b%d-s%d" % (recipe, batch, seed))
+            out = os.path.join(top, "%s-b%s-s%d" % (recipe, batch, seed))
             epochs = train_one(opts, recipe, batch, seed, out)
             check = check_after(opts, recipe, batch, seed, out, epochs)
             if epochs is not None:
                 online, offline = check or (None, None)
                 runs.append(dict(recipe=recipe, batch=batch, seed=seed, epochs=epochs,
                                  b_simple_frozen=online, b_simple_offline=offline))
+                if batch == AUTO:
+                    runs[-1]["global_batches"] = global_batches(runs[-1])
                 if check is not None:
                     print("B_simple at the final weights (frozen, %d samples): online %.4g, "
                           "offline %.4g; the training's last epoch %s"
@@ -283,7 +317,7 @@ def print_table(rows, a0, target, opts):
           % ("recipe", "batch", "final", "best", "reached", "steps->tgt", "s->tgt",
              "B_simple", "B_last", "B_frozen", "B_offline", "diverged"))
     for r in rows:
-        print("  %-7s %7d %9.4f %9.4f %5d/%-2d %10s %10s %9s %9s %9s %9s %9d"
+        print("  %-7s %7s %9.4f %9.4f %5d/%-2d %10s %10s %9s %9s %9s %9s %9d"
               % (r["recipe"], r["batch"], r["final_acc"], r["best_acc"], r["reached"],
                  r["seeds"], _fmt(r["steps_to_target"], "%.0f"),
                  _fmt(r["time_to_target_s"], "%.1f"), _fmt(r["b_simple"], "%.0f"),
@@ -292,6 +326,10 @@ def print_table(rows, a0, target, opts):
     print("# B_simple: the run's median over epochs; B_last: its last epoch's (online, "
           "smoothed over ~100 steps); B_frozen / B_offline: at the final weights, online "
           "and offline from the same samples")
+    for r in (x for x in rows if x["batch"] == AUTO):
+        print("# %s auto: --global-batch auto, lr by AdaScale, ended at batch %.0f (mean over "
+              "seeds); its steps mix batch sizes, compare its s->tgt"
+              % (r["recipe"], r["final_batch"]))
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
         r = next(x for x in rows if x["recipe"] == recipe)
         print("# %s: fit S = S_min (1 + B_noise/B): S_min %s, B_noise %s; measured critical "
@@ -301,17 +339,31 @@ def print_table(rows, a0, target, opts):
 
 
 def plot(rows, target, path):
-    """Left: final test accuracy against global batch per recipe. Right: steps
+    """Left: final test accuracy against global batch per recipe. Middle: steps
     to the target against batch (log-log) with the perfect-scaling line and the
-    McCandlish fit."""
+    McCandlish fit. Right: seconds to the target against batch; an auto row is
+    a horizontal dashed line there (and a star at its final batch)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (acc, steps) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (acc, steps, secs) = plt.subplots(1, 3, figsize=(15, 4.2))
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
-        mine = [r for r in rows if r["recipe"] == recipe]
+        mine = [r for r in rows if r["recipe"] == recipe and r["batch"] != AUTO]
+        auto = [r for r in rows if r["recipe"] == recipe and r["batch"] == AUTO]
         line = acc.plot([r["batch"] for r in mine], [r["final_acc"] for r in mine],
                         marker="o", label=recipe)[0]
+        times = [(r["batch"], r["time_to_target_s"]) for r in mine
+                 if r["time_to_target_s"] is not None]
+        if times:
+            secs.plot(*zip(*times), marker="o", color=line.get_color(), label=recipe)
+        for r in auto:
+            acc.plot([r["final_batch"]], [r["final_acc"]], marker="*", ms=12,
+                     color=line.get_color(), ls="none", label="%s auto (final batch)" % recipe)
+            if r["time_to_target_s"] is not None:
+                secs.axhline(r["time_to_target_s"], ls="--", color=line.get_color(), lw=1,
+                             label="%s auto" % recipe)
+                secs.plot([r["final_batch"]], [r["time_to_target_s"]], marker="*", ms=12,
+                          color=line.get_color())
         pts = [(r["batch"], r["steps_to_target"]) for r in mine
                if r["steps_to_target"] is not None]
         if not pts:
@@ -337,5 +389,11 @@ def plot(rows, target, path):
                     "S_min (1 + B_noise/B)", fontsize=8)
     acc.set_title("final test accuracy, mean over seeds; line: the target", fontsize=8)
     steps.legend(fontsize=8)
+    secs.set_xscale("log", base=2)
+    secs.set_xlabel("global batch")
+    secs.set_ylabel("training seconds to test accuracy %.3f" % target)
+    secs.set_title("dashed: --global-batch auto (star: its final batch)", fontsize=8)
+    if secs.get_legend_handles_labels()[0]:
+        secs.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -4,6 +4,7 @@ against the global batch, per recipe, and the gradient noise scale).
 
     hpcdl bench large-batch -n 4 --batches 64,2048,8192 --recipes goyal,lars,plain \
         --epochs 10 --seeds 0,1,2 --json lb.json --plot lb.png
+    hpcdl bench large-batch -n 4 --batches auto,64,1024,4096 --recipes plain   # + auto
 """
 import sys
 
@@ -21,12 +22,18 @@ def register(sub):
                     "epoch ends), the gradient noise scale B_simple, and per recipe "
                     "McCandlish's fit S = S_min (1 + B_noise/B) with the measured critical "
                     "batch. The target is the baseline's accuracy (first recipe, smallest "
-                    "batch) minus --target-drop, unless --target is given.",
+                    "batch) minus --target-drop, unless --target is given. The word auto "
+                    "in --batches adds per recipe and seed a run with --global-batch auto "
+                    "(docs/goodput.md: --lr-scaling adascale forced, the recipe's base batch, "
+                    "the largest fixed batch the ceiling), its row's batch 'auto', compared "
+                    "by its time to the target (docs/large_batch.md).",
         epilog="example: hpcdl bench large-batch -n 4 --batches 64,2048,8192 "
                "--recipes goyal,lars,plain --epochs 10 --plot lb.png")
     add_launch_args(p)
     p.add_argument("--batches", default="64,256,1024,2048,4096,8192",
-                   help="global batch sizes, comma-separated (default 64,...,8192)")
+                   help="global batch sizes, comma-separated (default 64,...,8192); the "
+                        "word auto (anywhere) adds a --global-batch auto run per recipe, "
+                        "next to at least one fixed batch")
     p.add_argument("--recipes", default="goyal,lars,lamb,plain",
                    help="recipes (configs/recipes/), the first is the baseline's "
                         "(default goyal,lars,lamb,plain)")
@@ -53,14 +60,25 @@ def register(sub):
     p.set_defaults(func=run)
 
 
-def _ints(flag, text):
+def _batches(text):
+    """(fixed batches ascending, whether auto was asked) from --batches."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    auto = "auto" in words
+    fixed = [w for w in words if w != "auto"]
+    if auto and not fixed:
+        raise UsageError("--batches %r: give at least one fixed batch beside auto, e.g. "
+                         "auto,64,1024 (the baseline and auto's ceiling are fixed batches)"
+                         % text)
+    if auto and words.count("auto") > 1:
+        raise UsageError("--batches %r: give auto once" % text)
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [int(w) for w in fixed]
     except ValueError:
-        raise UsageError("%s %r: give integers separated by commas, e.g. 64,2048" % (flag, text))
+        raise UsageError("--batches %r: give integers (or the word auto) separated by commas, "
+                         "e.g. auto,64,2048" % text)
     if not values or min(values) < 1:
-        raise UsageError("%s %r: give at least one value, each at least 1" % (flag, text))
-    return values
+        raise UsageError("--batches %r: give at least one value, each at least 1" % text)
+    return sorted(set(values)), auto
 
 
 def options(args):
@@ -78,7 +96,8 @@ def options(args):
     if not 0 <= args.target_drop < 1:
         raise UsageError("--target-drop %r: give a value in [0, 1)" % args.target_drop)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [0]
-    return Options(batches=sorted(set(_ints("--batches", args.batches))), recipes=recipes,
+    batches, auto = _batches(args.batches)
+    return Options(batches=batches, auto=auto, recipes=recipes,
                    seeds=seeds, epochs=args.epochs, data=args.data, model=args.model,
                    target=args.target, target_drop=args.target_drop,
                    warmup_epochs=args.warmup_epochs, out=args.out,
@@ -86,18 +105,20 @@ def options(args):
                    json=args.json, plot=args.plot)
 
 
-def check_configs(opts):
+def check_configs(opts, ranks=None):
     """Every run's config checked before any rank starts: a bad recipe, batch
-    or data name is one line here, not an error on every rank later."""
+    or data name is one line here, not an error on every rank later. An auto
+    run is checked on `ranks` (default 2: AdaScale needs 2 or more)."""
     from ..train import ConfigError, TrainConfig
     from ..train.config import with_recipe
-    from ..bench.large_batch import run_values
+    from ..bench.large_batch import AUTO, run_values
     for recipe in opts.recipes:
-        for batch in opts.batches:
+        for batch in list(opts.batches) + [AUTO] * bool(opts.auto):
+            size = (ranks or 2) if batch == AUTO else 1
             try:
-                with_recipe(TrainConfig(**run_values(opts, recipe, batch, 0, None))).check(1)
+                with_recipe(TrainConfig(**run_values(opts, recipe, batch, 0, None))).check(size)
             except ConfigError as e:
-                raise UsageError("recipe %s, batch %d: %s" % (recipe, batch, e))
+                raise UsageError("recipe %s, batch %s: %s" % (recipe, batch, e))
 
 
 def prepare_data(spec):
@@ -111,7 +132,7 @@ def prepare_data(spec):
 
 def run(args):
     opts = options(args)
-    check_configs(opts)
+    check_configs(opts, args.n)
     from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         prepare_data(opts.data)  # generated data (MNIST-1D): once, here, with every CPU
