@@ -1,6 +1,6 @@
 """hpcdl.torch.distributed - hpcdl as a torch.distributed backend.
 
-    import hpcdl.torch                        # registers backend "hpcdl" (and starts MPI)
+    import hpcdl.torch                        # registers backend "hpcdl" (starts no MPI)
     import torch.distributed as dist
     dist.init_process_group("hpcdl")          # was "gloo"; MPI is the rendezvous
     model = DDP(model)                        # DDP, all_reduce, all_gather, ... on hpcdl
@@ -13,8 +13,8 @@ the same call for this backend.
 
 Registering only records a creator with torch and starts nothing; hpcdl.comm
 is initialised (hpcdl.comm.init()) in the rendezvous or in the creator, when
-init_process_group is called. MPI itself is already up: importing hpcdl.torch
-starts it (its error classes derive from the core's).
+init_process_group is called, and that starts MPI: importing hpcdl.torch
+does not (tests/test_facts.py).
 """
 import sys
 
