@@ -41,6 +41,7 @@ ignore it, and the baseline A0 is always a fixed batch's.
 import json
 import math
 import os
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -124,11 +125,8 @@ def median_b_simple(epochs):
     """The median of a run's per-epoch B_simple (None where an epoch had no
     estimate): one number for a quantity that grows while the model learns
     and is noisy near convergence, where |G|^2 is small."""
-    values = sorted(e["b_simple"] for e in epochs if e.get("b_simple") is not None)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    values = [e["b_simple"] for e in epochs if e.get("b_simple") is not None]
+    return statistics.median(values) if values else None
 
 
 def summarize(runs, target):

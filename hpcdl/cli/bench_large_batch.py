@@ -10,6 +10,7 @@ import sys
 
 from .main import UsageError
 from .run import add_launch_args
+from .train import prepare_data
 
 
 def register(sub):
@@ -119,15 +120,6 @@ def check_configs(opts, ranks=None):
                 with_recipe(TrainConfig(**run_values(opts, recipe, batch, 0, None))).check(size)
             except ConfigError as e:
                 raise UsageError("recipe %s, batch %s: %s" % (recipe, batch, e))
-
-
-def prepare_data(spec):
-    from ..train import ConfigError
-    from ..train.data import prepare
-    try:
-        prepare(spec)
-    except ConfigError as e:
-        raise UsageError(str(e))
 
 
 def run(args):

@@ -196,7 +196,7 @@ def run(args):
     n = default_ranks(args.n)  # no -n in an sbatch script: the allocation's tasks
     if n is not None and not inside_parallel_job():
         _check(cfg, n)  # fail once here, in one line per problem, rather than per rank
-        _prepare(cfg)
+        prepare_data(cfg.data)
         cmd = [sys.executable, "-m", "hpcdl", "train"] + forwarded_args(args)
         # SIGTERM to this process reaches the ranks as SIGUSR1: the same clean stop
         # (checkpoint, exit 0), without mpirun ending the job under the checkpoint
@@ -217,11 +217,12 @@ def run(args):
     return 0
 
 
-def _prepare(cfg):
-    """Generated data (MNIST-1D) is made here, once, before the ranks start."""
+def prepare_data(spec):
+    """Generated data (MNIST-1D) is made here, once, before the ranks start
+    (hpcdl train -n and hpcdl bench large-batch -n)."""
     from ..train.data import prepare
     try:
-        prepare(cfg.data)
+        prepare(spec)
     except ConfigError as e:
         raise UsageError(str(e))
 

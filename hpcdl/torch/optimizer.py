@@ -121,10 +121,10 @@ class DataParallelOptimizer(OptimizerWrapper):
                               "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
-        if self._adascale is not None:  # the lr times the gain for this step
-            loss = self._adascale.step(self.param_groups, lambda: self._step(closure))
-        else:
-            loss = self._step(closure)
+        if self._adascale is not None:  # the lr times the gain for this step; it
+            # commits the step to the noise meter itself, before reading the gain
+            return self._adascale.step(self.param_groups, lambda: self._step(closure))
+        loss = self._step(closure)
         if self._noise is not None:
             self._noise.commit()  # the step counts (one the loss scaler skips never gets here)
         return loss

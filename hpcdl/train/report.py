@@ -94,7 +94,7 @@ class Reporter:
                                       target_text(summary)))
         if not (self.lead and self.cfg.out):
             return
-        _write_json(os.path.join(self.cfg.out, "summary.json"), summary)
+        write_json(os.path.join(self.cfg.out, "summary.json"), summary, indent=1)
         torch.save(model.state_dict(), os.path.join(self.cfg.out, "model.pt"))
         plot_curves(os.path.join(self.cfg.out, "metrics.jsonl"),
                     os.path.join(self.cfg.out, "curves.png"))
@@ -137,10 +137,6 @@ def params_digest(model):
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
-
-
-def _write_json(path, obj):
-    write_json(path, obj, indent=1)
 
 
 def plot_curves(metrics_path, png_path):
