@@ -256,7 +256,7 @@ def test_torchrun_script_meets_at_the_first_host(vc, tmp_path):
     host listed (rank 0's) and a free MASTER_PORT for gloo's env:// rendezvous."""
     code = ("import torch, torch.distributed as dist, os; dist.init_process_group('gloo'); "
             "x = torch.ones(2) * (dist.get_rank() + 1); dist.all_reduce(x); "
-            "print('GLOO', dist.get_rank(), x.tolist(), os.environ['MASTER_ADDR'], flush=True); "
+            "print('GLOO', dist.get_rank(), x.tolist(), os.environ['MASTER_ADDR']); "
             # as torchrun scripts should: gloo's threads torn down at exit without it
             # aborted rank 1 once ("terminate called without an active exception")
             "dist.barrier(); dist.destroy_process_group()")
