@@ -251,17 +251,26 @@ def test_rank_on_another_host_leaving_early_ends_the_job(vc):
 
 
 @pytest.mark.mpi
-def test_torchrun_script_meets_at_the_first_host(vc, tmp_path):
+def test_torchrun_script_meets_at_the_first_host(vc):
     """Issue 32 item 5 across hosts: hpcdl run sets MASTER_ADDR to the first
     host listed (rank 0's) and a free MASTER_PORT for gloo's env:// rendezvous."""
+    # Each rank writes its result to its own file, not stdout: mpirun forwards
+    # the two ranks' stdout in pieces that interleaved in 2 of 9 runs. It then
+    # leaves by os._exit: torch's gloo teardown at interpreter exit aborted
+    # ("terminate called without an active exception") in about 1 of 5 runs
+    # here, with or without destroy_process_group; that is torch's, not what
+    # this test is about (the rendezvous hpcdl run sets up).
+    base = shared_dir("torchrun_first_host")
     code = ("import torch, torch.distributed as dist, os; dist.init_process_group('gloo'); "
             "x = torch.ones(2) * (dist.get_rank() + 1); dist.all_reduce(x); "
-            "print('GLOO', dist.get_rank(), x.tolist(), os.environ['MASTER_ADDR'])")
-    r = vexec("node1", HPCDL + ["run", "-H", "node1:1,node2:1", PY, "-c", code],
-              timeout=120, check=True)
+            "open(os.path.join(%r, str(dist.get_rank())), 'w').write("
+            "'%%d %%s %%s' %% (dist.get_rank(), x.tolist(), os.environ['MASTER_ADDR'])); "
+            "os._exit(0)" % base)
+    vexec("node1", HPCDL + ["run", "-H", "node1:1,node2:1", PY, "-c", code],
+          timeout=120, check=True)
     assert not wait_no_leftovers(), "processes left on the hosts: %s" % leftovers()
-    rows = sorted(l.split(None, 1)[1] for l in r.stdout.splitlines() if l.startswith("GLOO"))
-    assert rows == ["0 [3.0, 3.0] node1", "1 [3.0, 3.0] node1"], r.stdout
+    rows = [open(os.path.join(base, str(r))).read() for r in (0, 1)]
+    assert rows == ["0 [3.0, 3.0] node1", "1 [3.0, 3.0] node1"], rows
 
 
 @pytest.mark.mpi
