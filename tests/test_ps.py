@@ -13,9 +13,24 @@ from hpcdl import ps
 from hpcdl.ps import protocol
 from hpcdl.ps.clock import VectorClock, replay
 from hpcdl.ps.rules import ShardSGD
+from hpcdl.utils import backoff
 from mpi_harness import REPO, run_python
 
 SCRIPTS = os.path.join(REPO, "tests", "mpi_scripts")
+
+
+# ---------------------------------------------------------------- waiting
+def test_backoff_spins_then_doubles_up_to_the_ceiling(monkeypatch):
+    # ps/wait.py, comm/p2p.py and the torch backend's finisher all pause through it
+    slept = []
+    monkeypatch.setattr(backoff.time, "sleep", slept.append)
+    b = backoff.Backoff(spins=3, first_s=1e-4, max_s=5e-4)
+    for _ in range(8):
+        b.pause()
+    assert slept == [0, 0, 0, 1e-4, 2e-4, 4e-4, 5e-4, 5e-4]
+    answers = iter([False, False, True])
+    assert b.poll_until(lambda: next(answers), deadline=float("inf"))
+    assert not b.poll_until(lambda: False, deadline=0.0)  # past the deadline: gives up
 
 
 # ---------------------------------------------------------------- layout, settings

@@ -33,6 +33,7 @@ import time
 
 from mpi4py import MPI
 
+from ..utils.backoff import Backoff
 from .alltoall import byte_view  # the raw bytes of a contiguous CPU buffer
 
 
@@ -48,6 +49,10 @@ class Request:
         self._req, self._buf = req, buf  # buf: kept alive until done
         self._status = MPI.Status() if receive else None
         self._done = False
+
+    @property
+    def receive(self):
+        return self._status is not None
 
     def poll(self):
         if not self._done:
@@ -83,7 +88,8 @@ class PointToPoint:
         self.rank, self.size = communicator.rank, communicator.size
         self._mpi = communicator.mpi.Dup()
         self._ctl = communicator.mpi.Dup()  # monitored_barrier's messages
-        self._barriers, self._stale = 0, []
+        self._barriers = 0
+        self._stale = []  # Requests of timed-out barriers: late tokens, verdicts sent
 
     def _check_peer(self, peer, what):
         if not 0 <= int(peer) < self.size:
@@ -126,11 +132,11 @@ class PointToPoint:
         _poll_until(lambda: all(q.poll() for q in tokens.values()), deadline)
         missing = [r for r, q in tokens.items() if not q.poll()]
         self._tidy()  # a late token still lands in its receive (cancelled at close)
-        self._stale += [(tokens[r]._req, tokens[r]._buf, True) for r in missing]
+        self._stale += [tokens[r] for r in missing]
         named = missing if wait_all_ranks else missing[:1]
         verdict = bytearray(len(named).to_bytes(4, "little") + b"".join(
             r.to_bytes(4, "little") for r in named)).ljust(4 * self.size, b"\0")
-        self._stale += [(self._ctl.Isend([verdict, MPI.BYTE], r, tag), verdict, False)
+        self._stale += [Request(self._ctl.Isend([verdict, MPI.BYTE], r, tag), verdict)
                         for r in range(1, self.size) if r not in missing]
         if named:
             raise BarrierTimeout(_missing_text(named, timeout_s, self.size, wait_all_ranks))
@@ -139,7 +145,7 @@ class PointToPoint:
         """Forgets the earlier barriers' messages that are done: verdicts sent
         and tokens received after their barrier timed out (each barrier has its
         own tag, so a late one never counts for a later barrier)."""
-        self._stale = [entry for entry in self._stale if not entry[0].Test()]
+        self._stale = [q for q in self._stale if not q.poll()]
 
     def _ctl_recv(self, buf, source, tag):
         return Request(self._ctl.Irecv([buf, MPI.BYTE], source, tag), buf, receive=True)
@@ -147,7 +153,7 @@ class PointToPoint:
     def _barrier_member(self, tag, deadline, timeout_s):
         self._tidy()
         token = bytearray(1)
-        self._stale.append((self._ctl.Isend([token, MPI.BYTE], 0, tag), token, False))
+        self._stale.append(Request(self._ctl.Isend([token, MPI.BYTE], 0, tag), token))
         verdict = bytearray(4 * self.size)
         answer = self._ctl_recv(verdict, 0, tag)
         _poll_until(answer.poll, deadline)
@@ -166,10 +172,9 @@ class PointToPoint:
     def close(self):
         """Collective over the ranks: frees the duplicate communicators."""
         if self._mpi is not None:
-            for req, _, receive in self._stale:
-                if receive and not req.Test():  # a token that never came
-                    req.Cancel()
-                    req.Wait()
+            for q in self._stale:
+                if q.receive:
+                    q.cancel()  # a token that never came (a no-op once it came)
             self._mpi.Free()
             self._ctl.Free()
             self._mpi = self._ctl = None
@@ -177,10 +182,7 @@ class PointToPoint:
 
 def _poll_until(done, deadline):
     """Polls done() (sleeping 0.1-20 ms between tries) until it is True or the deadline."""
-    pause = 1e-4
-    while not done() and time.monotonic() < deadline:
-        time.sleep(pause)
-        pause = min(pause * 2, 0.02)
+    Backoff(spins=0, first_s=1e-4, max_s=0.02).poll_until(done, deadline)
 
 
 def _missing_text(named, timeout_s, size, wait_all_ranks):

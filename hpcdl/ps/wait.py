@@ -11,26 +11,20 @@ import time
 
 from mpi4py import MPI
 
+from ..utils.backoff import Backoff
+
 SPINS = 64                # tests before the first sleep
 FIRST_SLEEP, MAX_SLEEP = 2e-5, 1e-3
 
 
-class _Backoff:
-    def __init__(self):
-        self.tries, self.delay = 0, FIRST_SLEEP
-
-    def pause(self):
-        self.tries += 1
-        if self.tries <= SPINS:
-            return
-        time.sleep(self.delay)
-        self.delay = min(self.delay * 2, MAX_SLEEP)
+def _backoff():
+    return Backoff(SPINS, FIRST_SLEEP, MAX_SLEEP)
 
 
 def wait_some(requests):
     """Indices of the requests that completed (at least one), like
     MPI_Waitsome; None when every request is inactive."""
-    backoff = _Backoff()
+    backoff = _backoff()
     while True:
         done = MPI.Request.Testsome(requests)
         if done is None or done:
@@ -40,7 +34,7 @@ def wait_some(requests):
 
 def wait_all(requests):
     """Like MPI_Waitall; returns the seconds spent waiting."""
-    t0, backoff = time.perf_counter(), _Backoff()
+    t0, backoff = time.perf_counter(), _backoff()
     while not MPI.Request.Testall(requests):
         backoff.pause()
     return time.perf_counter() - t0

@@ -19,10 +19,11 @@ core's MismatchError) is raised by wait() and set on the future.
 """
 import collections
 import threading
-import time
 
 import torch.distributed as dist
 from torch.futures import Future
+
+from ...utils.backoff import Backoff
 
 # finisher polling: first tries back to back (a small collective finishes in
 # microseconds), then sleeps doubling from POLL_MIN_S to POLL_MAX_S
@@ -141,14 +142,9 @@ class _Finisher:
                 while not self._queue:
                     self._cv.wait()
                 work = self._queue.popleft()
-            spins, pause = 0, POLL_MIN_S
+            backoff = Backoff(POLL_SPINS, POLL_MIN_S, POLL_MAX_S)  # spins yield the GIL
             while not work._ready():
-                if spins < POLL_SPINS:
-                    spins += 1
-                    time.sleep(0)  # lets the caller's thread have the GIL
-                    continue
-                time.sleep(pause)
-                pause = min(pause * 2, POLL_MAX_S)
+                backoff.pause()
             work._finish()
 
 
