@@ -34,7 +34,7 @@ RECIPE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 SCHEDULES = ("constant", "step", "poly", "cosine")
 LR_SCALING = ("none", "linear", "sqrt", "adascale")
 PRECISIONS = ("fp32", "bf16", "fp16")
-MODES = ("allreduce", "ps-bsp", "ps-asp", "ps-ssp")
+MODES = ("allreduce", "ps-bsp", "ps-asp", "ps-ssp", "ddp-gloo", "ddp-hpcdl")
 ZERO_STAGES = (0, 1, 2, 3)
 TRAIN_MODELS = models.NAMES + models.IMAGE_NAMES
 
@@ -72,7 +72,7 @@ class TrainConfig:
     # how: communication and numerics
     compression: str = "none"     # none | fp16 | bf16 | topk:RATIO
     precision: str = "fp32"       # fp32 | bf16 | fp16 (autocast; fp16 with loss scaling)
-    mode: str = "allreduce"       # allreduce | ps-bsp | ps-asp | ps-ssp
+    mode: str = "allreduce"       # allreduce | ps-bsp | ps-asp | ps-ssp | ddp-gloo | ddp-hpcdl
     staleness: int = 0            # SSP bound (steps a worker may run ahead)
     ps_ranks: int = 1             # parameter-server ranks in ps-* modes
     zero: int = 0                 # ZeRO stage (allreduce mode): 0 none, 1 optimizer state, 2 + grads, 3 + params
@@ -115,6 +115,7 @@ class TrainConfig:
         self._check_recipe_values()
         self._check_ps(size)
         self._check_zero()
+        self._check_ddp()
         _positive("--global-batch", self.global_batch)
         self._check_adascale(size)
         self._check_auto_batch()
@@ -127,9 +128,9 @@ class TrainConfig:
                               "keep its checkpoint's global batch: then run on %s that "
                               "divide %d: %s)"
                               % (self.global_batch, w,
-                                 "ranks" if self.mode == "allreduce" else "workers", w,
-                                 "rank counts" if self.mode == "allreduce" else
-                                 "worker counts", self.global_batch,
+                                 "workers" if self.mode.startswith("ps-") else "ranks", w,
+                                 "worker counts" if self.mode.startswith("ps-") else
+                                 "rank counts", self.global_batch,
                                  ", ".join(map(str, fits))))
         if any(h < 1 for h in self.hidden):
             raise ConfigError("--hidden %s has a width below 1; give widths like 256,128"
@@ -185,6 +186,20 @@ class TrainConfig:
             raise ConfigError("--zero 3 compresses with fp16 or bf16 only, not --compression "
                               "%s: top-k keeps residuals of whole gradients, which no rank "
                               "holds at stage 3" % self.compression)
+
+    def _check_ddp(self):
+        """--mode ddp-*: torch DDP averages whole gradients (train/ddp_mode.py)."""
+        if not self.mode.startswith("ddp-"):
+            return
+        if self.auto_batch or self.lr_scaling == "adascale":
+            raise ConfigError("%s is not supported with --mode %s (AdaScale's gain needs hpcdl's "
+                              "DistributedOptimizer); use --mode allreduce"
+                              % ("--global-batch auto" if self.auto_batch else
+                                 "--lr-scaling adascale", self.mode))
+        if self.compression != "none":
+            raise ConfigError("--compression %s is not supported with --mode %s (DDP "
+                              "all-reduces whole gradients); use --compression none or "
+                              "--mode allreduce" % (self.compression, self.mode))
 
     def _check_adascale(self, size):
         """--lr-scaling adascale takes its gain from the gradient noise scale,

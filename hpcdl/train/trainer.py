@@ -24,6 +24,7 @@ A *strategy* decides the rest: how gradients meet and how state is saved.
     ps-bsp|asp|ssp  ps_mode.ParameterServer        pushes to and pulls from hpcdl.ps servers
     allreduce       zero.Zero (with --zero 1|2)    reduce-scatter / all-gather of ZeRO shards
     allreduce       zero.Zero3 (with --zero 3)     the same, per module, parameters sharded too
+    ddp-gloo|hpcdl  ddp_mode.DDP                   torch DDP over torch.distributed gloo / hpcdl
 
 Adding a strategy (as zero.py added ZeRO): write hpcdl/train/<mode>.py
 with a class of the interface below (copy allreduce.py, the reference), add
@@ -63,6 +64,7 @@ from .. import comm
 from . import build, checkpoint, data
 from .allreduce import AllReduce
 from .config import recipe_lines, with_recipe
+from .ddp_mode import DDP
 from .errors import ConfigError
 from .goodput import AutoBatch, refuse_auto_checkpoint
 from .precision import autocast
@@ -72,7 +74,8 @@ from .stop import StopRequest
 from .zero import Zero, Zero3
 
 STRATEGIES = {"allreduce": AllReduce, "ps-bsp": ParameterServer, "ps-asp": ParameterServer,
-              "ps-ssp": ParameterServer, "zero": Zero, "zero3": Zero3}
+              "ps-ssp": ParameterServer, "zero": Zero, "zero3": Zero3,
+              "ddp-gloo": DDP, "ddp-hpcdl": DDP}
 
 
 def train(cfg):

@@ -1,0 +1,36 @@
+"""ddp_check.py - tests/test_train_ddp.py's ranks: the same short training
+(digits, the LAMB recipe's parts: sqrt scaling, warmup, poly decay, weight
+decay not on biases, label smoothing) run in one job with every way the
+gradients can meet: --mode allreduce, ddp-gloo, ddp-hpcdl (fp32), and
+allreduce / ddp-gloo in fp16. Rank 0 prints one line 'RESULT {json}': per
+run its summary's params_sha256, steps, test accuracy and where its
+model.pt is. argv[1]: a directory for the runs' --out; argv[2] (optional):
+the names of the runs to do, comma-separated (default all), e.g.
+allreduce-fp32 for the one-process reference."""
+import json
+import os
+import sys
+
+from hpcdl import comm
+from hpcdl.train import TrainConfig, train
+
+COMMON = dict(data="digits", model="mlp", hidden=(32,), epochs=2, global_batch=64,
+              recipe="lamb", base_batch=64, warmup_epochs=0.5, label_smoothing=0.1, seed=3)
+RUNS = (("allreduce", "fp32"), ("ddp-gloo", "fp32"), ("ddp-hpcdl", "fp32"),
+        ("allreduce", "fp16"), ("ddp-gloo", "fp16"))
+
+comm.init()
+top = sys.argv[1]
+names = sys.argv[2].split(",") if len(sys.argv) > 2 else None
+result = {}
+for mode, precision in RUNS:
+    name = "%s-%s" % (mode, precision)
+    if names and name not in names:
+        continue
+    out = os.path.join(top, name)
+    s = train(TrainConfig(mode=mode, precision=precision, out=out, **COMMON))
+    result[name] = dict(sha=s["params_sha256"], steps=s["steps"], mode=s["mode"],
+                        acc=s["test_accuracy"], ddp=s.get("ddp_backend"),
+                        model=os.path.join(out, "model.pt"))
+if comm.rank() == 0:
+    print("RESULT " + json.dumps(result), flush=True)

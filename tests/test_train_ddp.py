@@ -1,0 +1,75 @@
+"""test_train_ddp.py - `hpcdl train --mode ddp-gloo|ddp-hpcdl` (train/ddp_mode.py):
+the combinations it refuses (one line, before any rank starts), and on 2 real
+ranks the same short LAMB-recipe training with the gradients met by hpcdl's
+all-reduce, by torch DDP over gloo and by DDP over the hpcdl backend (fp32,
+and fp16 with loss scaling): the same parameters bit for bit (2 ranks: a
+sum of two has one order), and within 1e-6 relative of one process
+stepping on the whole global batch."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mpi_harness import REPO, run_python
+from hpcdl.train.config import ConfigError, TrainConfig
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "mpi_scripts", "ddp_check.py")
+
+
+@pytest.mark.parametrize("values, words", [
+    (dict(zero=1), "--zero 1 needs --mode allreduce"),
+    (dict(compression="fp16"), "--compression fp16 is not supported with --mode ddp-gloo"),
+    (dict(lr_scaling="adascale"), "--lr-scaling adascale is not supported with --mode "
+                                  "ddp-gloo"),
+    (dict(global_batch="auto"), "--global-batch auto is not supported with --mode ddp-gloo"),
+    (dict(global_batch=30), "global batch 30 does not divide evenly by 4 ranks"),
+])
+def test_what_ddp_cannot_honour_is_one_line(values, words):
+    with pytest.raises(ConfigError, match=words) as e:
+        TrainConfig(mode="ddp-gloo", **values).check(4)
+    assert "\n" not in str(e.value)
+
+
+def test_the_modes_are_accepted():
+    for mode in ("ddp-gloo", "ddp-hpcdl"):
+        TrainConfig(mode=mode, precision="fp16").check(2)
+
+
+def test_cli_refuses_before_launching():
+    p = subprocess.run([sys.executable, "-m", "hpcdl", "train", "-n", "2", "--mode", "ddp-gloo",
+                        "--compression", "bf16"], capture_output=True, text=True, cwd=REPO,
+                       timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "hpcdl: error: --compression bf16 is not supported with --mode ddp-gloo (DDP "
+        "all-reduces whole gradients); use --compression none or --mode allreduce"]
+
+
+def _result(out):
+    return json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[7:])
+
+
+@pytest.mark.mpi
+def test_ddp_follows_hpcdl_and_one_process(tmp_path):
+    two = _result(run_python(2, SCRIPT, args=[str(tmp_path / "two")], timeout=300).stdout)
+    one = _result(run_python(1, SCRIPT, args=[str(tmp_path / "one"), "allreduce-fp32"],
+                             timeout=180).stdout)["allreduce-fp32"]
+    assert [r["mode"] for r in two.values()] == ["allreduce", "ddp-gloo", "ddp-hpcdl",
+                                                 "allreduce", "ddp-gloo"]
+    assert [two[k]["ddp"] for k in ("ddp-gloo-fp32", "ddp-hpcdl-fp32")] == ["gloo", "hpcdl"]
+    assert all(r["steps"] == 2 * (1437 // 64) for r in two.values())
+    # 2 ranks: hpcdl's (a + b) / 2 and DDP's a / 2 + b / 2 are the same floats
+    assert two["ddp-gloo-fp32"]["sha"] == two["allreduce-fp32"]["sha"]
+    assert two["ddp-hpcdl-fp32"]["sha"] == two["allreduce-fp32"]["sha"]
+    assert two["ddp-gloo-fp16"]["sha"] == two["allreduce-fp16"]["sha"]
+    assert two["allreduce-fp16"]["sha"] != two["allreduce-fp32"]["sha"]  # fp16 did run
+    # one process on the whole batch of 64: the same steps up to float rounding
+    ref = torch.load(one["model"], weights_only=True)
+    got = torch.load(two["ddp-gloo-fp32"]["model"], weights_only=True)
+    assert ref.keys() == got.keys()
+    for k in ref:
+        err = (got[k] - ref[k]).abs().max().item()
+        assert err <= 1e-6 * ref[k].abs().max().item(), (k, err)
