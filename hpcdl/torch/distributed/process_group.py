@@ -128,32 +128,28 @@ class ProcessGroupHpcdl(dist.ProcessGroup):
 
     def _bitwise(self, tensors, fold, root, name):
         """BAND / BOR / BXOR (not in the core): every rank's tensor all-gathered
-        (moved by its bytes), folded with torch's bitwise function on each
-        rank (root None) or on the root only."""
+        (as all_gather does, moved by its bytes), folded with torch's bitwise
+        function on each rank (root None) or on the root only."""
         size = self.size()
         with self._refusing("allgather"):
-            plans = []
             for t in tensors:
                 if t.is_floating_point() or t.is_complex():
                     raise TypeError("%s: bitwise ReduceOps take integer or bool tensors, not %s"
                                     % (name, t.dtype))
-                src = T.host_flat(t)
-                view, _ = T.core_view(src)
-                plans.append((t, view, torch.empty(src.numel() * size, dtype=T.word_dtype(t))))
-        handles = [self._comm.allgather_async(view, flat, counts=[view.numel()] * size,
-                                              name="torch." + name)
-                   for _, view, flat in plans]
+            rows = [[torch.empty_like(t, device="cpu") for _ in range(size)] for t in tensors]
+            plans = [self._plan_allgather(outs, t) for outs, t in zip(rows, tensors)]
+        handles = [self._comm.allgather_async(view, flat, counts=counts, name="torch." + name)
+                   for view, flat, counts, _ in plans]
 
         def then():
             if root is not None and self.rank() != root:
                 return
-            for t, _, flat in plans:
-                rows = T.unword(flat, torch.empty(flat.numel(), dtype=t.dtype))
-                rows = rows.view(size, t.numel())
-                out = rows[0]
-                for row in rows[1:]:
+            for t, outs, (_, _, _, unpack) in zip(tensors, rows, plans):
+                unpack()
+                out = outs[0]
+                for row in outs[1:]:
                     out = fold(out, row)
-                t.copy_(out.view(t.shape))
+                t.copy_(out)
         return self._queued(handles, list(tensors), then, name)
 
     # -------------------------------------------------------- data movement
