@@ -165,3 +165,36 @@ def test_median_b_simple_skips_epochs_without_an_estimate():
     assert lb.median_b_simple(recs) == 400
     assert lb.median_b_simple(recs[:3]) == 650
     assert lb.median_b_simple([dict(b_simple=None)]) is None
+
+
+def test_modes_have_their_own_rows_and_a_comparison_against_the_first():
+    """--modes allreduce,ddp-gloo: a series per recipe x mode (own rows and
+    fit), the same target for both, and the first mode's times against the
+    other's (ratios > 1: the first is faster)."""
+    runs = []
+    for mode, secs in (("allreduce", 2.0), ("ddp-gloo", 3.0)):
+        for b, spe in ((64, 100), (1024, 10)):
+            runs.append(dict(recipe="lamb", batch=b, seed=0, mode=mode,
+                             epochs=_epochs([0.5, 0.96, 0.97], spe, seconds_per_epoch=secs)))
+    rows = lb.summarize(runs, target=0.95)
+    assert [(lb.label(r), r["batch"]) for r in rows] == [
+        ("lamb", 64), ("lamb", 1024), ("lamb/ddp-gloo", 64), ("lamb/ddp-gloo", 1024)]
+    assert rows[2]["steps_to_target"] == 200 and rows[2]["time_to_target_s"] == 6.0
+    assert lb.compare_modes(rows, ["allreduce"]) == []
+    (small, large) = lb.compare_modes(rows, ["allreduce", "ddp-gloo"])
+    assert (small["batch"], small["other"]) == (64, "ddp-gloo")
+    assert small["time_to_target_s"] == (4.0, 6.0) and small["target_speedup"] == 1.5
+    assert large["train_s"] == (6.0, 9.0) and large["train_speedup"] == 1.5
+    # an old run without a mode is allreduce's
+    assert lb.series(dict(recipe="goyal")) == ("goyal", "allreduce")
+
+
+def test_cli_checks_every_mode_before_any_rank():
+    from hpcdl.cli.bench_large_batch import check_configs
+    from hpcdl.cli.main import UsageError
+    opts = lb.Options(batches=[64], recipes=["goyal"], modes=["allreduce", "ddp-gloo"],
+                      auto=True)
+    check_configs(opts)  # auto runs only with allreduce: no adascale under DDP
+    assert lb.run_values(opts, "goyal", 64, 0, None, "ddp-gloo")["mode"] == "ddp-gloo"
+    with pytest.raises(UsageError, match="recipe goyal, batch 64, mode ddp-nccl: unknown mode"):
+        check_configs(lb.Options(batches=[64], recipes=["goyal"], modes=["ddp-nccl"]))

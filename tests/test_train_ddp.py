@@ -73,3 +73,15 @@ def test_ddp_follows_hpcdl_and_one_process(tmp_path):
     for k in ref:
         err = (got[k] - ref[k]).abs().max().item()
         assert err <= 1e-6 * ref[k].abs().max().item(), (k, err)
+    # the study in the same job: hpcdl bench large-batch --modes allreduce,ddp-gloo
+    lb = json.loads((tmp_path / "two" / "lb.json").read_text())
+    assert [(r["recipe"], r["mode"], r["batch"]) for r in lb["rows"]] == [
+        ("goyal", "allreduce", 64), ("goyal", "ddp-gloo", 64)]
+    hpcdl_run, ddp_run = lb["runs"]
+    strip = lambda run: [{k: v for k, v in e.items() if k not in (  # noqa: E731
+        "samples_per_s", "epoch_time_s", "b_simple")} for e in run["epochs"]]
+    assert strip(hpcdl_run) == strip(ddp_run)  # the same numbers, only the times differ
+    assert ddp_run["epochs"][-1]["b_simple"] is None  # DDP measures no noise scale
+    (c,) = lb["mode_comparison"]
+    assert (c["first"], c["other"], c["batch"]) == ("allreduce", "ddp-gloo", 64)
+    assert c["train_speedup"] == pytest.approx(c["train_s"][1] / c["train_s"][0])

@@ -37,6 +37,18 @@ the others (the time is the comparison that matters: its steps mix batch
 sizes). Its runs keep the batch of every epoch (global_batches, from
 metrics.jsonl). It has no single batch, so the fit and the critical batch
 ignore it, and the baseline A0 is always a fixed batch's.
+
+Modes (Options.modes, `--modes allreduce,ddp-gloo`): every recipe x batch x
+seed once per mode, i.e. per way the gradients meet (hpcdl train --mode:
+allreduce is hpcdl's; ddp-gloo is PyTorch DDP over gloo, ddp-hpcdl DDP over
+hpcdl's torch.distributed backend), each mode's runs right after the first
+mode's of the same recipe, batch and seed, so that a changing machine load
+falls on both alike. A mode other than allreduce has its own rows (recipe
+shown as recipe/mode), fit and critical batch, no auto run (AdaScale needs
+hpcdl's optimizer), no B_simple and no offline check; the same target
+(from the first mode's baseline) applies to all, and a comparison per recipe
+and batch prints each mode's time to the target and training time over the
+budget against the first mode's (docs/large_batch.md).
 """
 import json
 import math
@@ -49,6 +61,7 @@ from dataclasses import dataclass, field
 from .. import comm
 
 AUTO = "auto"  # the batch of a --global-batch auto run (Options.auto)
+ALLREDUCE = "allreduce"  # hpcdl train's default --mode
 
 
 @dataclass
@@ -68,6 +81,7 @@ class Options:
     json: str = None
     plot: str = None
     auto: bool = False            # also one --global-batch auto run per recipe and seed
+    modes: list = field(default_factory=lambda: [ALLREDUCE])  # hpcdl train --mode of each run
 
 
 # ---------------------------------------------------------------- pure analysis
@@ -129,18 +143,29 @@ def median_b_simple(epochs):
     return statistics.median(values) if values else None
 
 
+def series(r):
+    """(recipe, mode) of a run or row: one line of the table's rows, fit and plot."""
+    return r["recipe"], r.get("mode", ALLREDUCE)
+
+
+def label(r):
+    """A series' name: the recipe, with the mode when it is not allreduce."""
+    recipe, mode = series(r)
+    return recipe if mode == ALLREDUCE else "%s/%s" % (recipe, mode)
+
+
 def summarize(runs, target):
-    """Rows per recipe x batch (means over seeds) from the runs' records."""
+    """Rows per recipe x mode x batch (means over seeds) from the runs' records."""
     rows = []
-    for recipe in dict.fromkeys(r["recipe"] for r in runs):
-        batches = {r["batch"] for r in runs if r["recipe"] == recipe}
+    for key in dict.fromkeys(series(r) for r in runs):
+        batches = {r["batch"] for r in runs if series(r) == key}
         fixed = sorted(b for b in batches if b != AUTO)
         for batch in fixed + [AUTO] * (AUTO in batches):
-            mine = [r for r in runs if r["recipe"] == recipe and r["batch"] == batch]
+            mine = [r for r in runs if series(r) == key and r["batch"] == batch]
             hits = [first_reach(r["epochs"], target) for r in mine]
             reached = [h for h in hits if h is not None]
             rows.append(dict(
-                recipe=recipe, batch=batch, seeds=len(mine),
+                recipe=key[0], mode=key[1], batch=batch, seeds=len(mine),
                 final_acc=mean([r["epochs"][-1]["test_accuracy"] for r in mine]),
                 best_acc=mean([max(e["test_accuracy"] for e in r["epochs"]) for r in mine]),
                 reached=len(reached),
@@ -158,16 +183,38 @@ def summarize(runs, target):
                     math.isfinite(e["loss"]) for e in r["epochs"]))))
             if batch == AUTO:  # where auto ended: the mean over seeds of the last batch
                 rows[-1]["final_batch"] = mean([global_batches(r)[-1] for r in mine])
-    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+    for key in dict.fromkeys(series(r) for r in rows):
         pts = [(r["batch"], r["steps_to_target"]) for r in rows
-               if r["recipe"] == recipe and r["steps_to_target"] is not None
+               if series(r) == key and r["steps_to_target"] is not None
                and r["batch"] != AUTO]
         fit, crit = fit_steps(pts), critical_batch(pts)
         for r in rows:
-            if r["recipe"] == recipe:
+            if series(r) == key:
                 r["fit_s_min"], r["fit_b_noise"] = fit if fit else (None, None)
                 r["critical_batch"] = crit
     return rows
+
+
+def compare_modes(rows, modes):
+    """Per recipe and fixed batch, each later mode against the first: their
+    time to the target and training time over the whole budget (means over
+    seeds) and first/other ratios (> 1: the first mode is faster); [] with
+    one mode."""
+    out = []
+    for first in (r for r in rows if r["mode"] == modes[0] and r["batch"] != AUTO):
+        for mode in modes[1:]:
+            other = next((r for r in rows if (r["recipe"], r["mode"], r["batch"])
+                          == (first["recipe"], mode, first["batch"])), None)
+            if other is None:
+                continue
+            t1, t2 = first["time_to_target_s"], other["time_to_target_s"]
+            out.append(dict(recipe=first["recipe"], batch=first["batch"], first=modes[0],
+                            other=mode, time_to_target_s=(t1, t2),
+                            target_speedup=t2 / t1 if t1 and t2 is not None else None,
+                            train_s=(first["train_s"], other["train_s"]),
+                            train_speedup=other["train_s"] / first["train_s"]
+                            if first["train_s"] else None))
+    return out
 
 
 def global_batches(run):
@@ -177,14 +224,15 @@ def global_batches(run):
 
 
 # ---------------------------------------------------------------- the runs
-def run_values(opts, recipe, batch, seed, out):
+def run_values(opts, recipe, batch, seed, out, mode=ALLREDUCE):
     """TrainConfig values of one run: the recipe's own, with this study's data,
-    model, batch, budget and seed (and --warmup-epochs where the recipe warms up).
+    model, batch, budget, seed and mode (and --warmup-epochs where the recipe
+    warms up).
     batch "auto": --global-batch auto, --lr-scaling adascale, the ceiling the
     largest fixed batch."""
     from ..train.config import load_recipe
     values = dict(opts.extra, data=opts.data, model=opts.model, recipe=recipe,
-                  global_batch=batch, epochs=opts.epochs, seed=seed, out=out)
+                  global_batch=batch, epochs=opts.epochs, seed=seed, out=out, mode=mode)
     if batch == AUTO:
         values["lr_scaling"] = "adascale"
         if opts.batches:
@@ -194,25 +242,27 @@ def run_values(opts, recipe, batch, seed, out):
     return values
 
 
-def train_one(opts, recipe, batch, seed, out):
+def train_one(opts, recipe, batch, seed, out, mode=ALLREDUCE):
     """One training run, every rank together; rank 0 returns its epoch records."""
     from ..train import TrainConfig, train
-    train(TrainConfig(**run_values(opts, recipe, batch, seed, out)))
+    train(TrainConfig(**run_values(opts, recipe, batch, seed, out, mode)))
     if comm.rank() != 0:
         return None
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 
 
-def check_after(opts, recipe, batch, seed, out, epochs):
+def check_after(opts, recipe, batch, seed, out, epochs, mode=ALLREDUCE):
     """Collective, after a run: the noise-scale check at its final weights
     ((online, offline) B_simple on rank 0), or None: not asked for, one
-    rank, an auto run (no single batch to estimate at), or the run diverged
+    rank, an auto run (no single batch to estimate at), a mode other than
+    allreduce (it measures no B_simple to check), or the run diverged
     (rank 0's epochs say)."""
     from ..train import TrainConfig
     diverged = comm.bcast_object(
         epochs is not None and not all(math.isfinite(e["loss"]) for e in epochs))
-    if opts.offline_samples <= 0 or diverged or comm.size() < 2 or batch == AUTO:
+    if (opts.offline_samples <= 0 or diverged or comm.size() < 2 or batch == AUTO
+            or mode != ALLREDUCE):
         return None
     cfg = TrainConfig(**run_values(opts, recipe, batch, seed, out))
     return noise_scale_check(cfg, out, opts.offline_samples)
@@ -260,24 +310,30 @@ def run(opts):
     """The study (collective); returns the exit status (0) on every rank."""
     comm.init()
     batches = list(opts.batches) + [AUTO] * bool(opts.auto)
-    plan = [(r, b, s) for r in opts.recipes for b in batches for s in opts.seeds]
-    comm.print0("# hpcdl bench large-batch: %d runs (%d recipes x %d batches x %d seeds), "
+    plan = [(r, b, s, m) for r in opts.recipes for b in batches for s in opts.seeds
+            for m in opts.modes if b != AUTO or m == ALLREDUCE]
+    comm.print0("# hpcdl bench large-batch: %d runs (%d recipes x %d batches x %d seeds%s), "
                 "%s, %s, %d epochs each, %d ranks"
                 % (len(plan), len(opts.recipes), len(batches), len(opts.seeds),
+                   " x modes %s; auto with allreduce only" % ",".join(opts.modes)
+                   if len(opts.modes) > 1 or opts.modes[0] != ALLREDUCE else "",
                    opts.data, opts.model, opts.epochs, comm.size()))
     runs, t0 = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hpcdl-large-batch-") as tmp:
         top = opts.out or tmp
-        for i, (recipe, batch, seed) in enumerate(plan, 1):
-            comm.print0("\n== run %d/%d: recipe %s, global batch %s, seed %d (%.0f s so far)"
-                        % (i, len(plan), recipe, batch, seed, time.perf_counter() - t0))
-            out = os.path.join(top, "%s-b%s-s%d" % (recipe, batch, seed))
-            epochs = train_one(opts, recipe, batch, seed, out)
-            check = check_after(opts, recipe, batch, seed, out, epochs)
+        for i, (recipe, batch, seed, mode) in enumerate(plan, 1):
+            comm.print0("\n== run %d/%d: recipe %s, global batch %s, seed %d%s (%.0f s so far)"
+                        % (i, len(plan), recipe, batch, seed, "" if mode == ALLREDUCE else
+                           ", mode %s" % mode, time.perf_counter() - t0))
+            out = os.path.join(top, "%s-b%s-s%d%s" % (recipe, batch, seed, "" if mode ==
+                                                      ALLREDUCE else "-" + mode))
+            epochs = train_one(opts, recipe, batch, seed, out, mode)
+            check = check_after(opts, recipe, batch, seed, out, epochs, mode)
             if epochs is not None:
                 online, offline = check or (None, None)
-                runs.append(dict(recipe=recipe, batch=batch, seed=seed, epochs=epochs,
-                                 b_simple_frozen=online, b_simple_offline=offline))
+                runs.append(dict(recipe=recipe, batch=batch, seed=seed, mode=mode,
+                                 epochs=epochs, b_simple_frozen=online,
+                                 b_simple_offline=offline))
                 if batch == AUTO:
                     runs[-1]["global_batches"] = global_batches(runs[-1])
                 if check is not None:
@@ -288,14 +344,18 @@ def run(opts):
     if comm.rank() != 0:
         return comm.bcast_object(None, root=0)
     a0 = mean([r["epochs"][-1]["test_accuracy"] for r in runs
-               if r["recipe"] == opts.recipes[0] and r["batch"] == opts.batches[0]])
+               if series(r) == (opts.recipes[0], opts.modes[0])
+               and r["batch"] == opts.batches[0]])
     target = opts.target if opts.target is not None else a0 - opts.target_drop
     rows = summarize(runs, target)
+    compared = compare_modes(rows, opts.modes)
     print_table(rows, a0, target, opts)
+    print_comparison(compared)
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(dict(a0=a0, target=target, ranks=comm.size(), epochs=opts.epochs,
-                           data=opts.data, model=opts.model, rows=rows, runs=runs), f, indent=1)
+                           data=opts.data, model=opts.model, modes=opts.modes, rows=rows,
+                           runs=runs, mode_comparison=compared), f, indent=1)
         print("json: %s" % opts.json)
     if opts.plot:
         plot(rows, target, opts.plot)
@@ -310,13 +370,14 @@ def _fmt(value, fmt):
 
 def print_table(rows, a0, target, opts):
     print("\n# baseline A0 = %.4f (%s at batch %d, mean of %d seeds); target %.4f"
-          % (a0, opts.recipes[0], opts.batches[0], len(opts.seeds), target))
-    print("# %-7s %7s %9s %9s %8s %10s %10s %9s %9s %9s %9s %9s"
+          % (a0, label(dict(recipe=opts.recipes[0], mode=opts.modes[0])), opts.batches[0],
+             len(opts.seeds), target))
+    print("# %-15s %7s %9s %9s %8s %10s %10s %9s %9s %9s %9s %9s"
           % ("recipe", "batch", "final", "best", "reached", "steps->tgt", "s->tgt",
              "B_simple", "B_last", "B_frozen", "B_offline", "diverged"))
     for r in rows:
-        print("  %-7s %7s %9.4f %9.4f %5d/%-2d %10s %10s %9s %9s %9s %9s %9d"
-              % (r["recipe"], r["batch"], r["final_acc"], r["best_acc"], r["reached"],
+        print("  %-15s %7s %9.4f %9.4f %5d/%-2d %10s %10s %9s %9s %9s %9s %9d"
+              % (label(r), r["batch"], r["final_acc"], r["best_acc"], r["reached"],
                  r["seeds"], _fmt(r["steps_to_target"], "%.0f"),
                  _fmt(r["time_to_target_s"], "%.1f"), _fmt(r["b_simple"], "%.0f"),
                  _fmt(r.get("b_simple_last"), "%.0f"), _fmt(r.get("b_simple_frozen"), "%.0f"),
@@ -328,12 +389,23 @@ def print_table(rows, a0, target, opts):
         print("# %s auto: --global-batch auto, lr by AdaScale, ended at batch %.0f (mean over "
               "seeds); its steps mix batch sizes, compare its s->tgt"
               % (r["recipe"], r["final_batch"]))
-    for recipe in dict.fromkeys(r["recipe"] for r in rows):
-        r = next(x for x in rows if x["recipe"] == recipe)
+    for key in dict.fromkeys(series(r) for r in rows):
+        r = next(x for x in rows if series(x) == key)
         print("# %s: fit S = S_min (1 + B_noise/B): S_min %s, B_noise %s; measured critical "
               "batch (2x the perfect-scaling steps) %s"
-              % (recipe, _fmt(r["fit_s_min"], "%.0f"), _fmt(r["fit_b_noise"], "%.0f"),
+              % (label(r), _fmt(r["fit_s_min"], "%.0f"), _fmt(r["fit_b_noise"], "%.0f"),
                  _fmt(r["critical_batch"], "%.0f")))
+
+
+def print_comparison(compared):
+    """compare_modes' lines: time to the target and over the budget, per mode."""
+    for c in compared:
+        (t1, t2), (s1, s2) = c["time_to_target_s"], c["train_s"]
+        print("# %s at batch %s, %s vs %s: to the target %s s vs %s s (%s), whole budget "
+              "%.1f s vs %.1f s (%s)"
+              % (c["recipe"], c["batch"], c["first"], c["other"], _fmt(t1, "%.1f"),
+                 _fmt(t2, "%.1f"), _fmt(c["target_speedup"], "%s %%.2fx faster" % c["first"]),
+                 s1, s2, _fmt(c["train_speedup"], "%s %%.2fx faster" % c["first"])))
 
 
 def plot(rows, target, path):
@@ -345,9 +417,10 @@ def plot(rows, target, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (acc, steps, secs) = plt.subplots(1, 3, figsize=(15, 4.2))
-    for recipe in dict.fromkeys(r["recipe"] for r in rows):
-        mine = [r for r in rows if r["recipe"] == recipe and r["batch"] != AUTO]
-        auto = [r for r in rows if r["recipe"] == recipe and r["batch"] == AUTO]
+    for key in dict.fromkeys(series(r) for r in rows):
+        mine = [r for r in rows if series(r) == key and r["batch"] != AUTO]
+        auto = [r for r in rows if series(r) == key and r["batch"] == AUTO]
+        recipe = label(mine[0] if mine else auto[0])
         line = acc.plot([r["batch"] for r in mine], [r["final_acc"] for r in mine],
                         marker="o", label=recipe)[0]
         times = [(r["batch"], r["time_to_target_s"]) for r in mine

@@ -5,6 +5,7 @@ against the global batch, per recipe, and the gradient noise scale).
     hpcdl bench large-batch -n 4 --batches 64,2048,8192 --recipes goyal,lars,plain \
         --epochs 10 --seeds 0,1,2 --json lb.json --plot lb.png
     hpcdl bench large-batch -n 4 --batches auto,64,1024,4096 --recipes plain   # + auto
+    hpcdl bench large-batch -n 4 --batches 2048 --recipes lamb --modes allreduce,ddp-gloo
 """
 import sys
 
@@ -27,7 +28,10 @@ def register(sub):
                     "in --batches adds per recipe and seed a run with --global-batch auto "
                     "(docs/goodput.md: --lr-scaling adascale forced, the recipe's base batch, "
                     "the largest fixed batch the ceiling), its row's batch 'auto', compared "
-                    "by its time to the target (docs/large_batch.md).",
+                    "by its time to the target (docs/large_batch.md). --modes runs every "
+                    "recipe x batch x seed once per way the gradients meet (hpcdl train "
+                    "--mode) and compares their times to the target, e.g. hpcdl against "
+                    "PyTorch DDP over gloo.",
         epilog="example: hpcdl bench large-batch -n 4 --batches 64,2048,8192 "
                "--recipes goyal,lars,plain --epochs 10 --plot lb.png")
     add_launch_args(p)
@@ -53,6 +57,11 @@ def register(sub):
                    help="after each run that did not diverge, estimate B_simple offline at "
                         "its final weights from this many training samples, to check the "
                         "online value (default 16384; 0: no check)")
+    p.add_argument("--modes", default="allreduce",
+                   help="hpcdl train --mode of the runs, comma-separated (default allreduce); "
+                        "e.g. allreduce,ddp-gloo adds PyTorch DDP over gloo with the same "
+                        "recipes, batches and seeds, and a time-to-target comparison against "
+                        "the first mode (auto runs: allreduce only)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="keep every run's metrics.jsonl and curves here")
     p.add_argument("--json", default=None, metavar="FILE", help="write rows and runs as JSON")
@@ -98,7 +107,11 @@ def options(args):
         raise UsageError("--target-drop %r: give a value in [0, 1)" % args.target_drop)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [0]
     batches, auto = _batches(args.batches)
-    return Options(batches=batches, auto=auto, recipes=recipes,
+    modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))
+    if not modes:
+        raise UsageError("--modes: give at least one hpcdl train --mode, e.g. "
+                         "allreduce,ddp-gloo")
+    return Options(batches=batches, auto=auto, recipes=recipes, modes=modes,
                    seeds=seeds, epochs=args.epochs, data=args.data, model=args.model,
                    target=args.target, target_drop=args.target_drop,
                    warmup_epochs=args.warmup_epochs, out=args.out,
@@ -112,14 +125,17 @@ def check_configs(opts, ranks=None):
     run is checked on `ranks` (default 2: AdaScale needs 2 or more)."""
     from ..train import ConfigError, TrainConfig
     from ..train.config import with_recipe
-    from ..bench.large_batch import AUTO, run_values
+    from ..bench.large_batch import ALLREDUCE, AUTO, run_values
     for recipe in opts.recipes:
         for batch in list(opts.batches) + [AUTO] * bool(opts.auto):
             size = (ranks or 2) if batch == AUTO else 1
-            try:
-                with_recipe(TrainConfig(**run_values(opts, recipe, batch, 0, None))).check(size)
-            except ConfigError as e:
-                raise UsageError("recipe %s, batch %s: %s" % (recipe, batch, e))
+            for mode in opts.modes if batch != AUTO else [ALLREDUCE]:
+                values = run_values(opts, recipe, batch, 0, None, mode)
+                try:
+                    with_recipe(TrainConfig(**values)).check(size)
+                except ConfigError as e:
+                    raise UsageError("recipe %s, batch %s%s: %s" % (
+                        recipe, batch, "" if mode == ALLREDUCE else ", mode " + mode, e))
 
 
 def run(args):

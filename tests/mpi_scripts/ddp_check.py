@@ -4,14 +4,17 @@ decay not on biases, label smoothing) run in one job with every way the
 gradients can meet: --mode allreduce, ddp-gloo, ddp-hpcdl (fp32), and
 allreduce / ddp-gloo in fp16. Rank 0 prints one line 'RESULT {json}': per
 run its summary's params_sha256, steps, test accuracy and where its
-model.pt is. argv[1]: a directory for the runs' --out; argv[2] (optional):
-the names of the runs to do, comma-separated (default all), e.g.
-allreduce-fp32 for the one-process reference."""
+model.pt is. Then, in the same job (the gloo group reused), the study of
+`hpcdl bench large-batch --modes allreduce,ddp-gloo` on digits, its JSON at
+argv[1]/lb.json. argv[1]: a directory for the runs' --out; argv[2]
+(optional): the names of the training runs to do, comma-separated (default
+all, and the study), e.g. allreduce-fp32 for the one-process reference."""
 import json
 import os
 import sys
 
 from hpcdl import comm
+from hpcdl.bench import large_batch
 from hpcdl.train import TrainConfig, train
 
 COMMON = dict(data="digits", model="mlp", hidden=(32,), epochs=2, global_batch=64,
@@ -34,3 +37,8 @@ for mode, precision in RUNS:
                         model=os.path.join(out, "model.pt"))
 if comm.rank() == 0:
     print("RESULT " + json.dumps(result), flush=True)
+if names is None:
+    large_batch.run(large_batch.Options(
+        batches=[64], recipes=["goyal"], data="digits", model="mlp", epochs=2,
+        warmup_epochs=1, extra=dict(hidden=(32,)), offline_samples=0,
+        modes=["allreduce", "ddp-gloo"], json=os.path.join(top, "lb.json")))
