@@ -4,6 +4,7 @@ SIGKILLed mid-training and the job restarted from the last commit ending
 with the uninterrupted run's parameters bit for bit, a resume on fewer
 ranks, and every bad input (counts, hostfiles, a damaged commit)."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -160,3 +161,66 @@ def test_damaged_commit_fails_on_every_rank(tmp_path):
     assert r.returncode != 0
     assert r.stderr.count("cannot read the last commit") >= 2, r.stderr
     assert (keep / "state.pt").read_bytes() == b"not a checkpoint"  # left as it was
+
+
+# ------------------------------------------------------------ BatchScaling
+SCALING = os.path.join(REPO, "tests", "mpi_scripts", "elastic_scaling.py")
+
+
+def goodput_target_by_hand(b, n):
+    """The goodput rule of elastic_scaling.py (base 4, ceiling 32, t = 0.01 +
+    0.002 L + 0.03 s) for n ranks: the target of the largest goodput."""
+    best, pick = -1.0, None
+    for target in (4, 8, 16, 32):
+        local = -(-target // n)
+        m = n * local
+        g = m / (0.01 + 0.002 * local + 0.03) * ((b or 0.0) + 4) / ((b or 0.0) + m)
+        if g > best * (1 + 1e-12):
+            best, pick = g, target
+    return pick
+
+
+@pytest.mark.mpi
+def test_batch_scaling_follows_the_rule_on_more_then_fewer_ranks(tmp_path):
+    """2 ranks (killed before step 4) -> 3 ranks (killed before step 8) -> 2 ranks
+    to step 12, from the commits: after each reset the batch and lr are the
+    rule's, worked here by hand, the AdaScale progress and noise estimates
+    carry on, and training continues at the new batch."""
+    keep = str(tmp_path / "elastic")
+    for n, kill in (("2", "4"), ("3", "8"), ("2", None)):
+        env = {"HPCDL_ELASTIC_DIR": keep, "ELASTIC_OUT": str(tmp_path / "log.jsonl")}
+        if kill:
+            env["ELASTIC_KILL_AT"] = kill
+        r = hpcdl_run(["-n", n, "--", "python", SCALING], tmp_path, env=env)
+        assert (r.returncode != 0) == bool(kill), r.stderr
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [x.get("step", "reset %d" % x.get("reset", 0)) for x in log] == \
+        [0, 1, 2, 3, "reset 3", 4, 5, 6, 7, "reset 2", 8, 9, 10, 11]
+    assert "3 ranks -> 2: global batch 24 -> 16 (local 8 -> 8), lr x 0.666667" in r.stderr
+    assert "3 ranks -> 2: global batch 21 -> 20 (local 7 -> 10), AdaScale scale 2.5" in r.stderr
+    for i in (4, 9):
+        reset, before, after = log[i], log[i - 1], log[i + 1]
+        n = reset["reset"]  # the user's own reset callback ran, with the new size
+        lin, ada, gpt = reset["linear"], reset["ada"], reset["goodput"]
+        # linear, keep local: 8 a rank, lr 0.1 x N 8 / 8
+        assert (lin["ranks"], lin["local"], lin["global_batch"]) == (n, 8, 8 * n)
+        assert lin["lr"] == pytest.approx(0.1 * n)
+        # AdaScale, global 20 kept: 10 a rank on 2 (20), 7 on 3 (21); S = G / 8
+        local, g = {2: (10, 20), 3: (7, 21)}[n]
+        assert (ada["local"], ada["global_batch"], ada["scale"]) == (local, g, g / 8)
+        assert ada["lr"] == 0.05
+        assert ada["progress"] == before["ada"]["progress"]          # carried on
+        assert ada["noise_steps"] == before["ada"]["noise_steps"]
+        assert ada["b_noise"] == pytest.approx(before["ada"]["b_noise"], rel=1e-9)
+        # goodput: re-picked for N from the running B_noise and the step-time model
+        target = goodput_target_by_hand(before["goodput"]["b_noise"], n)
+        assert gpt["target"] == target and gpt["global_batch"] == n * -(-target // n)
+        assert gpt["scale"] == gpt["global_batch"] / 4 and gpt["lr"] == 0.05
+        assert gpt["progress"] == before["goodput"]["progress"]
+        # training continues at the new values
+        for name in ("linear", "ada", "goodput"):
+            assert after[name]["ranks"] == n and after[name]["local"] == reset[name]["local"]
+            assert math.isfinite(after["loss"][name])
+        assert 1.0 <= after["ada"]["gain"] <= g / 8
+        assert after["ada"]["progress"] == pytest.approx(ada["progress"] + after["ada"]["gain"])
+    assert log[-1]["ada"]["progress"] > log[9]["ada"]["progress"]

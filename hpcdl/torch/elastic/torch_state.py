@@ -4,7 +4,9 @@ plain attributes kept together at each commit (Horovod's TorchState).
 Each keyword whose value is a torch.nn.Module, a torch.optim.Optimizer (a
 DistributedOptimizer included) or an ElasticSampler gets a handler that
 copies its state_dict at save(), loads it at restore() and gives every rank
-rank 0's at sync(); every other keyword is an ObjectState attribute.
+rank 0's at sync(); so does a BatchScaling (scaling.py), whose on_reset()
+re-derives the batch and lr for the new size before the reset callbacks run;
+every other keyword is an ObjectState attribute.
 Assigning state.model = other_model later re-points the handler."""
 import copy
 
@@ -12,6 +14,7 @@ import torch
 
 from .. import functions
 from .sampler import ElasticSampler
+from .scaling import BatchScaling
 from .state import ObjectState
 
 
@@ -45,7 +48,14 @@ class _SamplerHandler(_Handler):
         self.value.load_state_dict(state)
 
 
+class _ScalingHandler(_SamplerHandler):
+    def reset(self):
+        self.value.on_reset()
+
+
 def _handler_for(value):
+    if isinstance(value, BatchScaling):
+        return _ScalingHandler(value)
     if isinstance(value, torch.nn.Module):
         return _ModelHandler(value)
     if isinstance(value, torch.optim.Optimizer) or (
@@ -86,6 +96,13 @@ class TorchState(ObjectState):
             handler.sync()
         super().sync()
 
+    def on_reset(self):
+        """BatchScaling's rule for the new size first, then the reset callbacks."""
+        for handler in self._handlers.values():
+            if isinstance(handler, _ScalingHandler):
+                handler.reset()
+        super().on_reset()
+
     def _saved_payload(self):
         return dict(super()._saved_payload(),
                     handlers={k: h.saved for k, h in self._handlers.items()})
@@ -96,6 +113,6 @@ class TorchState(ObjectState):
         if missing:
             raise RuntimeError("elastic: the last commit has no %s; it was written by "
                                "another script or state (delete HPCDL_ELASTIC_DIR's "
-                               "state.pt to start from scratch)" % ", ".join(missing))
+                               "commits to start from scratch)" % ", ".join(missing))
         for name, handler in self._handlers.items():
             handler.saved = saved["handlers"][name]

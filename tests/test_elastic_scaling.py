@@ -1,0 +1,239 @@
+"""test_elastic_scaling.py - the batch and lr re-derived for a new rank count
+(hpcdl/optim/rescale.py, pure) and hvd.elastic.BatchScaling applying it to an
+optimizer, without MPI (the world size faked): splits and rounding, the lr
+factors, the goodput rule's choice for another rank count against a table
+worked by hand, keep="global"/"local", the lr / initial_lr / scheduler
+base_lrs ratio, AdaScale's scale and the noise variance's units, bad input.
+The real restarts are in test_elastic.py (test_batch_scaling_follows_the_rule...)."""
+import math
+
+import pytest
+import torch
+
+from hpcdl.optim import goodput as gp, rescale
+from hpcdl.optim.adascale import Progress
+from hpcdl.optim.noise_scale import Smoothed
+from hpcdl.torch.elastic import scaling as scaling_mod
+
+STEP = gp.StepTime(a=0.01, c=0.002, comm=0.03)
+
+
+# ------------------------------------------------------------------ pure
+@pytest.mark.parametrize("g,n,k,want", [(20, 2, 1, (10, 20)), (20, 3, 1, (7, 21)),
+                                        (24, 3, 2, (4, 24)), (25, 3, 2, (5, 30)),
+                                        (1, 4, 1, (1, 4))])
+def test_split_rounds_the_local_batch_up(g, n, k, want):
+    assert rescale.split(g, n, k) == want
+
+
+def test_lr_factors():
+    assert rescale.lr_factor("linear", 24, 8) == 3.0
+    assert rescale.lr_factor("sqrt", 32, 8) == 2.0
+    assert rescale.lr_factor("adascale", 24, 8) == 1.0
+    assert rescale.lr_factor("goodput", 24, 8) == 1.0
+
+
+def test_candidates_for_any_rank_count():
+    assert rescale.candidates(3, 4, 32) == [(4, (6, 2, 1)), (8, (9, 3, 1)), (16, (18, 6, 1)),
+                                             (32, (33, 11, 1))]
+    # 5 ranks x 2 passes: 4 and 8 both round to 10, the repeat is left out
+    assert rescale.candidates(5, 4, 16, accum=2) == [(4, (10, 1, 2)), (16, (20, 2, 2))]
+
+
+def goodput_by_hand(b, n, target):
+    """The goodput rule's formula written out for base 4, ceiling 32, STEP."""
+    local = math.ceil(target / n)
+    m = n * local
+    t = 0.01 + 0.002 * local + 0.03
+    return m / t * (b + 4) / (b + m)
+
+
+@pytest.mark.parametrize("b_noise,ranks", [(0.0, 2), (3.26, 2), (3.26, 3), (7.09, 2),
+                                           (40.0, 3), (40.0, 4)])
+def test_goodput_pick_for_a_new_rank_count_by_hand(b_noise, ranks):
+    targets = [4, 8, 16, 32]
+    scores = [goodput_by_hand(b_noise, ranks, t) for t in targets]
+    want = targets[scores.index(max(scores))]
+    got, rows = rescale.pick(b_noise, 4, STEP, ranks, 32)
+    assert got == want
+    assert [r["goodput"] for r in rows] == pytest.approx(scores)
+
+
+def test_goodput_pick_hand_worked_values():
+    # B_noise 3: on 2 ranks target 8 is M 8, L 4, t = 0.01 + 0.008 + 0.03 = 0.048 s,
+    # goodput 8 / 0.048 x 7 / 11 = 106.06; target 16 is 16 / 0.056 x 7 / 19 = 105.26: 8.
+    # On 3 ranks target 16 is M 18, L 6, t 0.052: 18 / 0.052 x 7 / 21 = 115.38, target 8
+    # is M 9, L 3, t 0.046: 9 / 0.046 x 7 / 12 = 114.13: 16, more ranks, a bigger batch
+    got2, rows2 = rescale.pick(3.0, 4, STEP, 2, 32)
+    got3, rows3 = rescale.pick(3.0, 4, STEP, 3, 32)
+    assert (got2, got3) == (8, 16)
+    assert rows2[1]["goodput"] == pytest.approx(106.06, abs=0.01)
+    assert rows2[2]["goodput"] == pytest.approx(105.26, abs=0.01)
+    assert rows3[2]["goodput"] == pytest.approx(115.38, abs=0.01)
+    assert rows3[1]["goodput"] == pytest.approx(114.13, abs=0.01)
+    assert [r["global_batch"] for r in rows3] == [6, 9, 18, 33]
+
+
+def test_rederive_keeps_the_global_or_the_local_batch():
+    ada = rescale.rederive("adascale", 3, 8, target=20, local=10)
+    assert (ada["local_batch"], ada["global_batch"], ada["scale"], ada["lr_factor"]) == \
+        (7, 21, 21 / 8, 1.0)
+    lin = rescale.rederive("linear", 3, 8, target=16, local=8, keep="local")
+    assert (lin["target"], lin["local_batch"], lin["global_batch"], lin["lr_factor"]) == \
+        (24, 8, 24, 3.0)
+    assert rescale.rederive("linear", 3, 8, target=16, local=8)["global_batch"] == 18
+    sq = rescale.rederive("sqrt", 4, 8, target=16, local=8, keep="local")
+    assert sq["lr_factor"] == 2.0
+    # goodput without a step-time model yet: the target stays
+    assert rescale.rederive("goodput", 3, 4, target=8, local=4)["global_batch"] == 9
+    gpr = rescale.rederive("goodput", 3, 4, target=8, local=4, b_noise=3.26, step_time=STEP,
+                           ceiling=32)
+    assert gpr["global_batch"] == 18 and len(gpr["table"]) == 4
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: rescale.check_rule("cubic"), "one of adascale, goodput, linear, sqrt"),
+    (lambda: rescale.check_rule("linear", "both"), "keep must be 'global'"),
+    (lambda: rescale.split(0, 2), "global batch must be a positive integer"),
+    (lambda: rescale.split(8, 2, 0), "accumulation must be")])
+def test_pure_bad_input(call, words):
+    with pytest.raises(ValueError, match=words):
+        call()
+
+
+# ------------------------------------------------------------------ BatchScaling
+class FakeMeter:
+    def __init__(self):
+        self.smoothed = Smoothed(0.9)
+
+    def settle(self):
+        pass
+
+    def result(self, b_small):
+        return self.smoothed.result(b_small)
+
+
+class FakeAdaScale:
+    def __init__(self, scale):
+        self.meter, self.progress = FakeMeter(), Progress(scale)
+
+    def state_dict(self):
+        return dict(progress=self.progress.state_dict(), noise=self.meter.smoothed.state_dict())
+
+    def load_state_dict(self, state):
+        self.progress.load_state_dict(state["progress"])
+        self.meter.smoothed.load_state_dict(state["noise"])
+
+
+class FakeOpt:
+    """param_groups, and the two things BatchScaling reads: adascale, noise_meter."""
+
+    def __init__(self, lr, adascale=False):
+        self.param_groups = [dict(lr=lr), dict(lr=2 * lr, initial_lr=2 * lr)]
+        self.adascale = FakeAdaScale(1.0) if adascale else None
+        self.noise_meter = self.adascale.meter if adascale else None
+
+
+@pytest.fixture
+def world(monkeypatch):
+    size = {"n": 2}
+    monkeypatch.setattr(scaling_mod.mpi_ops, "size", lambda: size["n"])
+    monkeypatch.setattr(scaling_mod.mpi_ops, "rank", lambda: 1)  # no log line
+    return size
+
+
+def restarted(make, world, old, new):
+    """A BatchScaling built at `old` ranks, its state committed, loaded by one
+    built at `new` ranks (whose optimizer got the committed lr), then reset."""
+    world["n"] = old
+    first = make()
+    commit, groups = first.state_dict(), [dict(g) for g in first.opt.param_groups]
+    world["n"] = new
+    second = make()
+    for g, saved in zip(second.opt.param_groups, groups):
+        g.update(saved)  # what TorchState's optimizer handler restores
+    second.load_state_dict(commit)
+    second.on_reset()
+    return first, second
+
+
+def test_linear_keep_local_follows_the_ranks(world):
+    def make():  # a scheduler built afresh by each launch, as the docs say
+        sched = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([torch.zeros(1)], lr=0.1),
+                                                  lambda e: 1.0)
+        return scaling_mod.BatchScaling(FakeOpt(0.1), base_batch=8, global_batch=16,
+                                        rule="linear", keep="local", schedulers=[sched])
+    first, second = restarted(make, world, 2, 3)
+    assert first.schedulers[0].base_lrs == pytest.approx([0.2])
+    assert second.schedulers[0].base_lrs == pytest.approx([0.3])
+    assert [g["lr"] for g in first.opt.param_groups] == pytest.approx([0.2, 0.4])
+    assert (second.local_batch, second.global_batch) == (8, 24)
+    assert [g["lr"] for g in second.opt.param_groups] == pytest.approx([0.3, 0.6])
+    assert second.opt.param_groups[1]["initial_lr"] == pytest.approx(0.6)
+    assert second.changes[-1]["why"] == "2 ranks -> 3"
+    world["n"] = 2
+    second.on_reset()
+    assert second.global_batch == 16 and second.opt.param_groups[0]["lr"] == pytest.approx(0.2)
+
+
+def test_adascale_keeps_the_global_batch_and_the_noise_units(world):
+    def make():
+        return scaling_mod.BatchScaling(FakeOpt(0.05, adascale=True), base_batch=8,
+                                        global_batch=20)
+    world["n"] = 2
+    first = make()
+    first.opt.adascale.meter.smoothed.add(10.0, 4.0, 2)  # one step's squared norms
+    first.opt.adascale.progress.advance(1.7)
+    b_before = first.b_noise()
+    commit = first.state_dict()
+    world["n"] = 3
+    second = make()
+    second.load_state_dict(commit)
+    second.on_reset()
+    assert (second.local_batch, second.global_batch) == (7, 21)
+    assert second.opt.adascale.progress.scale == 21 / 8
+    assert second.opt.adascale.progress.steps == 1.7  # the progress carries on
+    assert second.opt.param_groups[0]["lr"] == 0.05  # AdaScale: the schedule's lr
+    # the smoothed variance is per rank-step: times 10 / 7, so B_simple is unchanged
+    assert second.b_noise() == pytest.approx(b_before)
+    assert second.opt.adascale.meter.smoothed.var == pytest.approx(
+        first.opt.adascale.meter.smoothed.var * 10 / 7)
+
+
+def test_goodput_repicks_for_the_new_rank_count(world):
+    def make():
+        return scaling_mod.BatchScaling(FakeOpt(0.05, adascale=True), base_batch=4,
+                                        rule="goodput", max_global_batch=32, step_time=STEP)
+    world["n"] = 2
+    s = make()
+    assert s.global_batch == 4 and s.end_epoch()[0]["global_batch"] == 4  # no estimate: base
+    first, second = restarted(make, world, 2, 3)
+    assert second.global_batch == 6  # B_noise unknown counts as 0: the base, rounded up
+
+
+def test_one_rank_with_adascale_is_refused_at_the_reset(world):
+    def make():
+        return scaling_mod.BatchScaling(FakeOpt(0.05, adascale=True), base_batch=8,
+                                        global_batch=16)
+    with pytest.raises(RuntimeError, match="restarted on 1 rank.*--min-np"):
+        restarted(make, world, 2, 1)
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(rule="adascale"), "needs hvd.DistributedOptimizer\\(..., adascale=True\\)"),
+    (dict(rule="linear", ada=True), "scale the lr twice"),
+    (dict(rule="adascale", ada=True, global_batch=4), "below base_batch 8"),
+    (dict(rule="goodput", ada=True, step_time="fast"), "step_time must be"),
+    (dict(rule="linear", base_batch=0), "base_batch must be a positive integer")])
+def test_batch_scaling_bad_input(world, kw, words):
+    ada = kw.pop("ada", False)
+    kw.setdefault("base_batch", 8)
+    with pytest.raises(ValueError, match=words):
+        scaling_mod.BatchScaling(FakeOpt(0.1, adascale=ada), **kw)
+
+
+def test_a_commit_of_another_rule_is_refused(world):
+    lin = scaling_mod.BatchScaling(FakeOpt(0.1), base_batch=8, rule="linear")
+    ada = scaling_mod.BatchScaling(FakeOpt(0.1, adascale=True), base_batch=8)
+    with pytest.raises(RuntimeError, match="rule is 'linear', this script's 'adascale'"):
+        ada.load_state_dict(lin.state_dict())
