@@ -229,3 +229,25 @@ def test_a_command_missing_on_the_ranks_says_so():
     assert ("hpcdl run: nosuchcmd_t22 exited with status 127: it could not be started (not "
             "found on PATH on the ranks), or a command it ran could not") in \
         r.stderr.splitlines(), r.stderr
+
+
+def test_bench_relaunch_passes_the_options_on(monkeypatch):
+    """`hpcdl bench data|embedding -n N` outside a job relaunches the same
+    command on N ranks with every given option (cli/bench.py run_or_launch)."""
+    from hpcdl.cli import run as launcher
+    from hpcdl.cli.main import build_parser
+    launched = []
+    monkeypatch.setattr(launcher, "inside_parallel_job", lambda: False)
+    monkeypatch.setattr(launcher, "launch", lambda n, argv, **kw: launched.append((n, argv)) or 0)
+    parser = build_parser()
+    for words in (["embedding", "-n", "3", "--rows", "10,20", "--steps", "4"],
+                  ["data", "-n", "2", "--time-budget", "0.5", "--chunk-rows", "8"]):
+        args = parser.parse_args(["bench"] + words)
+        assert args.func(args) == 0
+    (n1, emb), (n2, data) = launched
+    assert (n1, n2) == (3, 2)
+    assert emb[1:5] == ["-m", "hpcdl", "bench", "embedding"]
+    assert emb[emb.index("--rows") + 1] == "10,20" and emb[emb.index("--steps") + 1] == "4"
+    assert "--json" not in emb  # not given: not passed on
+    assert data[4] == "data" and data[data.index("--time-budget") + 1] == "0.5"
+    assert data[data.index("--chunk-rows") + 1] == "8"

@@ -30,10 +30,13 @@ import statistics
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from mpi4py import MPI
 
 from .. import comm
-from .allreduce import describe_job, start_hpcdl_group
+from .allreduce import start_hpcdl_group
+from .train import Impl, interleaved, start
 
 METHODS = ("sharded", "replicated", "allgather")
 WRONG = 1e-4
@@ -175,7 +178,6 @@ class AllGather(Replicated):
 
 def _collective(name, older):
     """torch.distributed's call by its current name (torch >= 2.13), else the older one."""
-    import torch.distributed as dist
     return getattr(dist, name, None) or getattr(dist, older)
 
 
@@ -196,40 +198,24 @@ def check(opts, rows, group, mpi):
         worst = max(worst, (outs[m] - outs[first]).abs().max().item())
         for t, w in tables[first].items():
             worst = max(worst, (tables[m][t] - w).abs().max().item())
-    return mpi.allreduce(worst, op=_max())
-
-
-def _max():
-    from mpi4py import MPI
-    return MPI.MAX
+    return mpi.allreduce(worst, op=MPI.MAX)
 
 
 def measure(opts, rows, group, mpi):
-    """{method: (median step seconds, fastest step seconds, bytes sent per rank per step)}."""
-    from mpi4py import MPI
+    """{method: (median step seconds, fastest step seconds, bytes sent per rank per step)},
+    step times of the slowest rank, steps interleaved as in bench train."""
     impls = {m: BUILD[m](opts, rows, group) for m in opts.methods}
     weight = loss_weight(opts, mpi.rank)
-    times = {m: [] for m in opts.methods}
-    for step in range(opts.warmup + opts.steps):
-        batch = make_batch(opts, rows, mpi.rank, step)
-        order = opts.methods[step % len(opts.methods):] + opts.methods[:step % len(opts.methods)]
-        for m in order:
-            mpi.Barrier()
-            t0 = MPI.Wtime()
-            impls[m].step(batch, weight)
-            dt = mpi.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
-            if step >= opts.warmup:
-                times[m].append(dt)
-    return {m: (statistics.median(times[m]), min(times[m]), mpi.allreduce(impls[m].bytes_sent(), op=MPI.MAX))
-            for m in opts.methods}
+    data = ((make_batch(opts, rows, mpi.rank, step), weight)
+            for step in range(opts.warmup + opts.steps))
+    times = interleaved(opts, [Impl(m, None, impls[m].step) for m in opts.methods], data, mpi)
+    return {m: (statistics.median(times[m]), min(times[m]),
+                mpi.allreduce(impls[m].bytes_sent(), op=MPI.MAX)) for m in opts.methods}
 
 
 def run(opts):
-    world = comm.init()
+    world, job, threads = start(opts)
     mpi = world.mpi
-    job = describe_job(mpi)
-    threads = opts.threads or max(1, (job["cores"] or 1) // max(1, world.local_size))
-    torch.set_num_threads(threads)
     group = start_hpcdl_group()
     say = comm.print0
     say("# hpcdl bench embedding: table-wise sharded all-to-all lookup vs whole tables on "

@@ -296,7 +296,7 @@ def _pct(value, rng, repeats):
 
 def start(opts):
     """(world, job, threads): MPI up, the job described, torch's threads set
-    (bench train and bench train --zero)."""
+    (bench train, its --zero and --backend, bench embedding)."""
     world = comm.init()
     job = describe_job(world.mpi)
     threads = opts.threads or max(1, (os.cpu_count() or 1) // world.local_size)

@@ -281,6 +281,24 @@ def zero_options(args, stages):
                                   repeats=args.repeats, json=args.json)
 
 
+def run_or_launch(args, name, flags, opts, before_launch=None):
+    """`hpcdl bench NAME` (module hpcdl/bench/NAME.py, '-' read as '_'): with
+    -n outside an MPI or Slurm job, launches that many ranks of the same
+    command (each of flags passed on as --flag VALUE when not None) after
+    before_launch(); else runs the module's run(opts) here (abort_on_error)."""
+    from . import run as launcher
+    if args.n is not None and not launcher.inside_parallel_job():
+        if before_launch is not None:
+            before_launch()
+        argv = [sys.executable, "-m", "hpcdl", "bench", name]
+        for flag in flags:
+            value = getattr(args, flag)
+            argv += ["--" + flag.replace("_", "-"), str(value)] if value is not None else []
+        return launcher.launch(args.n, argv, **launcher.launch_options(args))
+    bench = importlib.import_module("hpcdl.bench." + name.replace("-", "_"))
+    return abort_on_error(bench.run, opts)
+
+
 def abort_on_error(run, opts):
     """run(opts), but an exception on one rank aborts the whole job (with the
     traceback, prefixed by the rank) instead of leaving the others waiting in

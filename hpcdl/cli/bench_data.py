@@ -5,8 +5,7 @@ in-memory array).
     hpcdl bench data --workers 2 --batch 128
     hpcdl bench data --source synthetic --samples 50000 --shape 3,32,32
 """
-import sys
-
+from .bench import run_or_launch
 from .main import UsageError
 from .run import add_launch_args
 
@@ -64,16 +63,6 @@ def options(args):
 
 
 def run(args):
-    opts = options(args)
-    from . import run as launcher
-    if args.n is not None and not launcher.inside_parallel_job():
-        argv = [sys.executable, "-m", "hpcdl", "bench", "data"]
-        for flag in ("source", "samples", "shape", "batch", "workers", "shards",
-                     "chunk_rows", "compression", "window", "time_budget", "data", "dir",
-                     "json"):
-            value = getattr(args, flag)
-            argv += ["--" + flag.replace("_", "-"), str(value)] if value is not None else []
-        return launcher.launch(args.n, argv, **launcher.launch_options(args))
-    from ..bench import data
-    from .bench import abort_on_error
-    return abort_on_error(data.run, opts)
+    return run_or_launch(args, "data", ("source", "samples", "shape", "batch", "workers",
+                                        "shards", "chunk_rows", "compression", "window",
+                                        "time_budget", "data", "dir", "json"), options(args))

@@ -4,8 +4,7 @@ replicated tables and all-gathered tables, on backend hpcdl).
 
     hpcdl bench embedding -n 4 --rows 1000,10000,100000 --json emb.json
 """
-import sys
-
+from .bench import run_or_launch
 from .main import UsageError
 from .run import add_launch_args
 
@@ -66,15 +65,6 @@ def options(args):
 
 
 def run(args):
-    opts = options(args)
-    from . import run as launcher
-    if args.n is not None and not launcher.inside_parallel_job():
-        argv = [sys.executable, "-m", "hpcdl", "bench", "embedding"]
-        for flag in ("rows", "tables", "dim", "batch", "pooling", "methods", "steps",
-                     "warmup", "threads", "json"):
-            value = getattr(args, flag)
-            argv += ["--" + flag, str(value)] if value is not None else []
-        return launcher.launch(args.n, argv, **launcher.launch_options(args))
-    from ..bench import embedding
-    from .bench import abort_on_error
-    return abort_on_error(embedding.run, opts)
+    return run_or_launch(args, "embedding", ("rows", "tables", "dim", "batch", "pooling",
+                                             "methods", "steps", "warmup", "threads", "json"),
+                         options(args))
