@@ -211,6 +211,18 @@ def test_goodput_repicks_for_the_new_rank_count(world):
     assert second.global_batch == 6  # B_noise unknown counts as 0: the base, rounded up
 
 
+def test_fit_step_time_by_hand(world):
+    s = scaling_mod.BatchScaling(FakeOpt(0.05, adascale=True), base_batch=4, global_batch=8,
+                                 rule="goodput")
+    assert s.end_epoch() is None  # no model yet: nothing picked
+    # passes at L = 2, 4, 8: 14, 18, 26 ms -> a = 10 ms, c = 2 ms; a step at L = 4
+    # took 50 ms: comm = 50 - 18 = 32 ms
+    st = s.fit_step_time([(2, 0.014), (4, 0.018), (8, 0.026)], 0.050)
+    assert (st.a, st.c, st.comm) == pytest.approx((0.010, 0.002, 0.032))
+    assert s.state_dict()["step_time"] == pytest.approx(dict(a=0.010, c=0.002, comm=0.032))
+    assert [r["global_batch"] for r in s.end_epoch()] == [4, 8, 16, 32, 64]
+
+
 def test_one_rank_with_adascale_is_refused_at_the_reset(world):
     def make():
         return scaling_mod.BatchScaling(FakeOpt(0.05, adascale=True), base_batch=8,

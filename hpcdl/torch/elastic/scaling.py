@@ -52,8 +52,8 @@ class BatchScaling:
     rule: "adascale" (the default; needs DistributedOptimizer(adascale=...)):
     the lr is the schedule's, AdaScale's scale is G / base_batch; "goodput":
     AdaScale too, and the target batch re-picked for the largest goodput at
-    each end_epoch() and for a new rank count (needs step_time, see
-    set_step_time); "linear" / "sqrt": each group's lr is the base lr (the
+    each end_epoch() and for a new rank count (needs step_time, or
+    set_step_time / fit_step_time later); "linear" / "sqrt": each group's lr is the base lr (the
     optimizer's when this is built) times G / base_batch or its square root.
     keep: what stays when the rank count changes (rules other than goodput):
     "global" (adaptdl's choice, the default) or "local" (Horovod's usual reset
@@ -106,8 +106,19 @@ class BatchScaling:
 
     def set_step_time(self, step_time):
         """The goodput rule's model t(L, k) = k (a + c L) + comm (a StepTime or
-        (a, c, comm) seconds), e.g. fitted with goodput.fit_line to timed passes."""
+        (a, c, comm) seconds); see fit_step_time."""
         self.step_time = _step_time(step_time)
+
+    def fit_step_time(self, passes, step_seconds):
+        """Sets the model from measurements: passes = [(local batch, seconds of
+        one forward+backward)] (a + c L is their least-squares line) and
+        step_seconds = a measured step at the current batch (comm = the rest).
+        Give every rank the same numbers (e.g. averaged over ranks): the rule's
+        choice must be the same everywhere. Returns the StepTime."""
+        a, c = gp.fit_line(passes)
+        compute = self.accum * (a + c * self.local_batch)
+        self.step_time = gp.StepTime(a, c, max(step_seconds - compute, 0.0))
+        return self.step_time
 
     # ------------------------------------------------------------ changes
     def end_epoch(self):
