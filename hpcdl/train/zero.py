@@ -18,21 +18,20 @@ checkpoints, and a --zero 0 checkpoint's whole optimizer; a run resumed on
 the same ranks ends with exactly the parameters of one that never stopped.
 """
 import os
-import re
 import shutil
-import time
 
 import torch
 
 from .. import comm
 from ..torch.zero import checkpoint as zero3_checkpoint, checkpoint12, shard_model
+from ..utils import sharded
 from . import build, checkpoint
 from .allreduce import AllReduce
 from .errors import ConfigError
 from .precision import LossScaler
 
 
-SHARD_DIR = re.compile(r"zero[123]-[0-9]+-[0-9]+")  # ShardDirs.new()'s names
+SHARD_DIRS = "zero[123]"  # the prefixes of ShardDirs' directories (utils/sharded.py names)
 
 
 class ShardDirs:
@@ -50,7 +49,7 @@ class ShardDirs:
         """Collective: write(path) into a fresh directory (the same name on
         every rank); returns its name. An OSError on any rank (a full disk) is
         a ConfigError on every rank, and the partial directory is removed."""
-        name = comm.bcast_object("%s-%d-%d" % (self.prefix, time.time_ns(), os.getpid()))
+        name = comm.bcast_object(sharded.new_dir_name(self.prefix))
         path = os.path.join(self.cfg.checkpoint_dir, name)
         try:
             write(path)
@@ -64,12 +63,8 @@ class ShardDirs:
 
     def written(self):
         """After checkpoint.pt names self.current: the other directories go."""
-        d = self.cfg.checkpoint_dir
-        if comm.rank() != 0 or self.current is None or not os.path.isdir(d):
-            return
-        for name in os.listdir(d):
-            if SHARD_DIR.fullmatch(name) and name != self.current:
-                shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+        if comm.rank() == 0 and self.current is not None:
+            sharded.prune(self.cfg.checkpoint_dir, SHARD_DIRS, keep=self.current)
 
     def path_of(self, name):
         """Collective: the directory `name` beside the checkpoint.pt being

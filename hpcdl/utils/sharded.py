@@ -64,7 +64,7 @@ def write_shard(directory, rank, ranks, save, part):
             f.write(data)
         return {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     except Exception as e:  # noqa: BLE001 - every rank must agree on any failure
-        raise OSError("could not write %s: %s" % (path, _quote(str(e)))) from None
+        raise OSError("could not write %s: %s" % (path, quote(str(e)))) from None
 
 
 def write_manifest(directory, kind, save, entries, **fields):
@@ -77,7 +77,7 @@ def write_manifest(directory, kind, save, entries, **fields):
     try:
         write_json(path, manifest, indent=1)
     except Exception as e:  # noqa: BLE001
-        raise OSError("could not write %s: %s" % (path, _quote(str(e)))) from None
+        raise OSError("could not write %s: %s" % (path, quote(str(e)))) from None
     return manifest
 
 
@@ -96,7 +96,7 @@ def read_manifest(directory, kind=None, ranks=None):
             from None
     except (OSError, ValueError) as e:
         raise ValueError("%s cannot be read (%s); resume from another checkpoint"
-                         % (path, _quote(str(e)))) from None
+                         % (path, quote(str(e)))) from None
     if not isinstance(m, dict) or m.get("format") not in READS or not isinstance(
             m.get("files"), list) or not isinstance(m.get("ranks"), int):
         raise ValueError("%s is not a sharded checkpoint manifest (format %s; this hpcdl "
@@ -134,14 +134,14 @@ def read_shard(directory, manifest, rank, weights_only=True):
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise damaged("%s: %s" % (type(e).__name__, _quote(str(e)))) from None
+        raise damaged("%s: %s" % (type(e).__name__, quote(str(e)))) from None
     if "bytes" in manifest and len(data) != manifest["bytes"][rank]:
         raise damaged("size: %d bytes, the manifest says %d." % (len(data),
                                                                  manifest["bytes"][rank]))
     try:
         part = torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
     except Exception as e:  # noqa: BLE001 - torch/zip/pickle errors of a damaged file
-        raise damaged("%s: %s" % (type(e).__name__, _quote(str(e)))) from None
+        raise damaged("%s: %s" % (type(e).__name__, quote(str(e)))) from None
     part = part if isinstance(part, dict) else {}
     got = (part.get("rank"), part.get("ranks"), part.get("save", manifest.get("save")))
     if got != (rank, manifest["ranks"], manifest.get("save")):
@@ -155,7 +155,7 @@ def read_shard(directory, manifest, rank, weights_only=True):
     return part
 
 
-def _quote(text, limit=160):
+def quote(text, limit=160):
     """text's first line for a one-line message: whole if it fits in limit,
     else cut after its last sentence (or word) that fits, marked '...'."""
     line = text.strip().splitlines()[0] if text.strip() else "truncated?"

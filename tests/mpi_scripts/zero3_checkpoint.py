@@ -26,7 +26,8 @@ import torch.nn as nn
 
 import hpcdl.torch as hvd
 from hpcdl.torch.zero import checkpoint12
-from hpcdl.torch.zero.checkpoint import MANIFEST, load_sharded, rank_file, save_sharded
+from hpcdl.torch.zero.checkpoint import load_sharded, save_sharded
+from hpcdl.utils.sharded import MANIFEST, shard_file as rank_file
 import zero_common
 from zero_common import digest
 from zero3_exact import B, N, R, Net, make_opt, run, train_step

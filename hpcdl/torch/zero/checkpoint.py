@@ -9,10 +9,10 @@ the plain optimizer over its pieces: one file per rank plus a manifest.
                                  every parameter's name, shape and dtype, every unit's
                                  parameters and block counts (the layout)
 
-Every file is written under a temporary name in DIR, flushed to disk
-(fsync) and renamed: a kill leaves either the old file or the new one. The
-manifest is written only after every rank's file is on disk (the ranks agree
-first), so a directory with a manifest is a complete checkpoint.
+The directory is hpcdl's one sharded format (hpcdl/utils/sharded.py: atomic
+files, each rank file's size and sha256 in the manifest, the manifest written
+only after every rank's file is on disk, so a directory with a manifest is a
+complete checkpoint); this module adds what ZeRO records in it and reads back.
 
 Loading on the same ranks with the same layout reads this rank's file only.
 On another rank count each rank reads every file, joins each parameter (and
@@ -27,30 +27,12 @@ class were recorded load as before, unchecked on those two. Another cut
 into units (stage 3's units=, stages 1-2's fusion buckets) loads through the
 resharding path.
 """
-import json
-import os
-
 import torch
 
-from ...utils.atomic import atomic_open
+from ...utils import sharded
 from .layout import block_counts, pieces_of
 
-FORMAT = 1
-MANIFEST = "manifest.json"
-
-
-def rank_file(rank, size):
-    return "rank-%05d-of-%05d.pt" % (rank, size)
-
-
-def _atomic(path, write):
-    """write(f) into path via tmp + fsync + rename; returns an error text or None."""
-    try:
-        with atomic_open(path) as f:
-            write(f)
-        return None
-    except Exception as e:  # a full disk may surface as torch's RuntimeError: agree on it
-        return "could not write %s: %s" % (path, e)
+KIND = "zero"  # the manifest's kind (stages 1-3; "stage" says which)
 
 
 # ---------------------------------------------------------------- save
@@ -88,45 +70,34 @@ def _optimizer_part(shards, optimizer):
 
 def save_sharded(shards, directory, optimizer=None, extra=None, stage=3):
     """Collective: every rank writes its file into directory, then rank 0 the
-    manifest. extra: anything torch.save takes, per rank (returned by load).
-    stage: what the manifest records (checkpoint12.py passes 1 or 2)."""
+    manifest (utils/sharded.py). extra: anything torch.save takes, per rank
+    (returned by load). stage: what the manifest records (checkpoint12.py
+    passes 1 or 2). An OSError on any rank is an OSError on every rank."""
     comm = shards.comm
-    os.makedirs(directory, exist_ok=True)
-    save = comm.bcast_object(os.urandom(8).hex())  # ties the rank files to their manifest
-    part = {"format": FORMAT, "rank": comm.rank, "ranks": comm.size, "save": save,
-            "params": {n: p.detach().clone() for n, p, _, _ in shards.named_pieces()},
+    save = comm.bcast_object(sharded.new_save_id())  # ties the rank files to their manifest
+    part = {"params": {n: p.detach().clone() for n, p, _, _ in shards.named_pieces()},
             "optimizer": _optimizer_part(shards, optimizer) if optimizer is not None else None,
             "extra": extra}
-    error = _atomic(os.path.join(directory, rank_file(comm.rank, comm.size)),
-                    lambda f: torch.save(part, f))
+    entry, error = None, None
+    try:
+        entry = sharded.write_shard(directory, comm.rank, comm.size, save, part)
+    except OSError as e:
+        error = str(e)
     comm.raise_if_any(error, OSError)
+    entries = comm.gather_object(entry, root=0)
     if comm.rank == 0:
-        manifest = dict(format=FORMAT, stage=stage, ranks=comm.size, save=save,
-                        files=[rank_file(r, comm.size) for r in range(comm.size)],
-                        optimizer=_group_names(shards, optimizer),
-                        optimizer_class=_optimizer_class(optimizer) if optimizer is not None
-                        else None, **layout_of(shards))
-        error = _atomic(os.path.join(directory, MANIFEST),
-                        lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+        try:
+            sharded.write_manifest(
+                directory, KIND, save, entries, stage=stage,
+                optimizer=_group_names(shards, optimizer),
+                optimizer_class=_optimizer_class(optimizer) if optimizer is not None else None,
+                **layout_of(shards))
+        except OSError as e:
+            error = str(e)
     comm.raise_if_any(error, OSError)
 
 
 # ---------------------------------------------------------------- load
-def read_manifest(directory):
-    path = os.path.join(directory, MANIFEST)
-    try:
-        with open(path) as f:
-            m = json.load(f)
-    except FileNotFoundError:
-        raise ValueError("%s has no %s: not a sharded checkpoint, or its save did not "
-                         "finish" % (directory, MANIFEST)) from None
-    except (OSError, ValueError) as e:
-        raise ValueError("%s cannot be read (%s)" % (path, e)) from None
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise ValueError("%s is not a sharded checkpoint manifest (format %d)" % (path, FORMAT))
-    return m
-
-
 def _other_stage(directory, manifest, stage):
     """The refusal of a checkpoint another stage's loader must read, or None
     (also for manifests from before the stage was recorded)."""
@@ -170,11 +141,6 @@ def _mismatch(directory, manifest, shards, optimizer, stage):
                     "(%d groups of %s; here %d of %s); build the optimizer as before"
                     % (directory, len(saved), [len(g) for g in saved], len(groups),
                        [len(g) for g in groups]))
-    missing = [f for f in manifest["files"] if not os.path.exists(os.path.join(directory, f))]
-    if missing or len(manifest["files"]) != manifest["ranks"]:
-        return ("sharded checkpoint %s is missing rank file(s) %s of %d; copy the whole "
-                "directory as it was written (every rank file and %s belong together)"
-                % (directory, ", ".join(missing) or "?", manifest["ranks"], MANIFEST))
     return None
 
 
@@ -186,42 +152,6 @@ def _same_units(manifest, shards):
         (list(u.names), list(u.counts)) for u in shards.units]
 
 
-def _read(directory, manifest, rank):
-    """Rank `rank`'s file, checked to be the one the manifest lists (the same
-    save, that rank): a file moved or copied in from elsewhere is a ValueError."""
-    name = manifest["files"][rank]
-    try:
-        part = torch.load(os.path.join(directory, name), map_location="cpu",
-                          weights_only=True)
-    except Exception as e:  # torch/zip/pickle errors of a damaged file
-        raise ValueError("sharded checkpoint %s: %s cannot be read (damaged or cut short? "
-                         "%s: %s); copy it again from where it was written, or load another "
-                         "checkpoint"
-                         % (directory, name, type(e).__name__, _quote(str(e)))) from None
-    part = part if isinstance(part, dict) else {}
-    got = (part.get("rank"), part.get("ranks"), part.get("save", manifest.get("save")))
-    if got != (rank, manifest["ranks"], manifest.get("save")):
-        raise ValueError("sharded checkpoint %s: %s holds rank %s of %s of save %s, the "
-                         "manifest expects rank %d of %d of save %s (a file moved, or copied "
-                         "from another save); put the right file back or resume from another "
-                         "checkpoint" % (directory, name, got[0], got[1], got[2], rank,
-                                         manifest["ranks"], manifest.get("save")))
-    return part
-
-
-def _quote(text, limit=160):
-    """text's first line for a one-line message: whole if it fits in limit,
-    else cut after its last sentence (or word) that fits, marked '...'."""
-    line = text.strip().splitlines()[0] if text.strip() else "truncated?"
-    if len(line) <= limit:
-        return line
-    head = line[:limit]
-    cut = head.rfind(". ")
-    if cut > 0:
-        return head[:cut + 1] + " ..."
-    return head[:head.rfind(" ")].rstrip(",;:") + " ..." if " " in head else head + "..."
-
-
 def load_sharded(shards, directory, optimizer=None, stage=3):
     """Collective: restores this rank's pieces (and the optimizer's state of
     them) from directory, resharding when it was saved on another rank count.
@@ -231,12 +161,12 @@ def load_sharded(shards, directory, optimizer=None, stage=3):
     comm = shards.comm
     error, parts = None, None
     try:
-        manifest = read_manifest(directory)
+        manifest = sharded.read_manifest(directory, kind=KIND)
         error = _mismatch(directory, manifest, shards, optimizer, stage)
         if error is None:
             same = manifest["ranks"] == comm.size and _same_units(manifest, shards)
             ranks = [comm.rank] if same else range(manifest["ranks"])
-            parts = [_read(directory, manifest, r) for r in ranks]
+            parts = [sharded.read_shard(directory, manifest, r) for r in ranks]
     except ValueError as e:
         error = str(e)
     comm.raise_if_any(error, ValueError)
