@@ -26,8 +26,8 @@ from .. import comm
 from ..optim import goodput as gp
 from ..optim.adascale import check_scale
 from . import build
-from .errors import ConfigError
 from .precision import autocast
+from .report import global_sums
 
 CEILING_OVER_BASE = 16  # the default --max-global-batch, over --base-batch
 PROBE_REPEATS = 3       # timed forward+backward passes per local batch (after one warm-up)
@@ -92,10 +92,11 @@ class AutoBatch:
     def measure(self, step_s):
         """StepTime from the probe and the measured step time (collective)."""
         locals_ = sorted({local for _, local, _ in self.cands})
-        secs = global_means([self.probe(local) for local in locals_])
+        # the mean over ranks, so every rank fits the same line
+        secs = [s / self.ranks for s in global_sums(*(self.probe(local) for local in locals_))]
         a, c = gp.fit_line(list(zip(locals_, secs)))
         current = self.cfg.global_batch // self.ranks
-        step_s, = global_means([step_s])
+        step_s = global_sums(step_s)[0] / self.ranks
         return gp.StepTime(a, c, max(step_s - (a + c * current), 0.0))
 
     def probe(self, local):
@@ -126,20 +127,10 @@ class AutoBatch:
         return dict(global_batch=self.cfg.global_batch, changes=self.changes,
                     model=self.model.state_dict() if self.model else None)
 
-    def adopt(self, path):
-        """Before the checkpoint at path is loaded and checked: its chosen batch
-        becomes this run's (its meta records the batch of the epoch it stopped
-        in). A checkpoint of a fixed-batch run is refused. Every rank reads the
-        same file, so every rank decides alike."""
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:
-            return  # checkpoint.load says what is wrong with it
-        if not isinstance(state, dict) or "meta" not in state:
-            return
-        if state.get("goodput") is None:
-            raise ConfigError("checkpoint %s was written by a run with a fixed --global-batch; "
-                              "resume it with that batch, not auto" % path)
+    def adopt(self, state):
+        """The checkpoint's chosen batch becomes this run's, before the strategy's
+        state is restored (checkpoint.load has checked that it is a --global-batch
+        auto checkpoint; its meta records the batch of the epoch it stopped in)."""
         self.cfg.global_batch = state["goodput"]["global_batch"]
 
     def load_state_dict(self, state):
@@ -149,17 +140,3 @@ class AutoBatch:
         self.model = gp.StepTime(**g["model"]) if g["model"] else None
         self.strategy.adascale().progress.scale = check_scale(
             self.cfg.global_batch / self.cfg.base_batch)
-
-
-def refuse_auto_checkpoint(state, path):
-    """A fixed-batch run cannot resume a --global-batch auto checkpoint."""
-    if state.get("goodput") is not None:
-        raise ConfigError("checkpoint %s was written by a run with --global-batch auto; "
-                          "resume it with --global-batch auto" % path)
-
-
-def global_means(values):
-    """The mean over ranks of each value (one small float64 all-reduce)."""
-    t = torch.tensor(values, dtype=torch.float64)
-    comm.allreduce(t, op="sum")
-    return (t / comm.size()).tolist()

@@ -188,3 +188,11 @@ def _run_title(out_dir):
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return title
+
+
+def global_sums(*values):
+    """Sums each value over ranks (one small float64 all-reduce; collective):
+    the reported loss, accuracy and times, and goodput's means."""
+    t = torch.tensor(values, dtype=torch.float64)
+    comm.allreduce(t, op="sum")
+    return t.tolist()
