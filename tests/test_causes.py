@@ -64,3 +64,45 @@ def test_a_mismatch_is_one_line(tmp_path, tracebacks):
     text = open(log).read()
     os.unlink(log)
     assert text.count("Traceback") >= 2 and "[rank 0]" in text and "[rank 1]" in text, text
+
+
+def test_sieve_groups_the_ranks_usage_errors():
+    """A problem every rank refuses alike ('hpcdl: error: [rank R] ...': a bad
+    --data, a checkpoint that does not fit) is one line too, and mpiexec's
+    'exited with non-zero status' banner goes to the log, even when it comes
+    first; a user's own 'hpcdl: error:' without a rank passes."""
+    out = io.StringIO()
+    s = causes.Sieve(out)
+    banner = ["-" * 74 + "\n", "mpiexec detected that one or more processes exited with "
+              "non-zero status, thus causing\n", "  Exit code:    2\n", "-" * 74 + "\n"]
+    for line in banner + ["hpcdl: error: [rank 1] --data d: no such directory\n",
+                          "hpcdl: error: [rank 0] --data d: no such directory\n",
+                          "hpcdl: error: [rank 0] --out o: not writable\n",
+                          "hpcdl: error: not a rank's\n"]:
+        s.feed(line)
+    s.run(io.BytesIO(b""))
+    assert out.getvalue() == "hpcdl: error: not a rank's\n"
+    assert s.summary()[:2] == ["error on ranks 0-1: --data d: no such directory",
+                               "error on rank 0: --out o: not writable"]
+    log = open(s.path).read()
+    os.unlink(s.path)
+    assert "exited with non-zero status" in log and "[rank 1] error: --data d" in log
+
+
+@pytest.mark.mpi
+def test_a_usage_error_on_the_ranks_is_one_line(tmp_path):
+    """hpcdl train on 2 ranks with a --data that is not there: both ranks say
+    so ('hpcdl: error: [rank R] ...', status 2); the launcher shows it once,
+    without Open MPI's 10-line banner (it showed 2 lines and the banner)."""
+    r = subprocess.run(HPCDL + ["run", "-np", "2", "python", "-m", "hpcdl", "train", "--data",
+                                str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=180, env=mpi_env())
+    assert r.returncode == 2, r.stderr
+    lines = [l for l in r.stderr.splitlines() if "no such directory" in l]
+    assert len(lines) == 1 and lines[0].startswith("hpcdl run: error on ranks 0-1: --data "), \
+        r.stderr
+    assert "non-zero status" not in r.stderr and len(r.stderr.splitlines()) <= 4, r.stderr
+    log = re.search(r"full tracebacks and the launcher's messages: (\S+)", r.stderr).group(1)
+    text = open(log).read()
+    os.unlink(log)
+    assert "[rank 0] error: --data" in text and "[rank 1] error: --data" in text, text

@@ -9,7 +9,9 @@ cause record to stderr as marked lines, in one write. Marked lines travel
 through mpirun / srun from any host like the rest of stderr.
 
 Launcher side (Sieve, on the launcher's stderr): marked lines, the core's
-one-line verdicts (a stall, a rank that finished early) and, once a cause
+one-line verdicts (a stall, a rank that finished early), the ranks' own
+'hpcdl: error: [rank R] ...' lines (a bad path or a checkpoint that does
+not fit, said by every rank) and, once a cause
 was seen, the launcher's own abort banners go to a log file; every
 other line passes through at once. At the end the launcher prints one line
 per distinct cause (its ranks, its message, which carries hpcdl's hint) and
@@ -56,10 +58,14 @@ NOISE = re.compile(r"ORTE_ERROR_LOG|more process(es)? ha(s|ve) sent help message
 DASHES = re.compile(r"^-{20,}\s*$")
 # the core's own verdicts (src_c/stall.c), one line from each rank that says it
 CORE_VERDICT = re.compile(r"^\[rank (\d+)\] error: ((stall inspector:|rank \d+ finished) .*)$")
+# a problem a rank refuses in one line (cli/main.py print_errors, cli/train.py:
+# a bad path, a checkpoint that does not fit): each rank says it, status 2
+RANK_ERROR = re.compile(r"^hpcdl: error: \[rank (\d+)\] (.*)$")
 # banners of a job ending: held until the end when no cause is known yet (the
 # launcher's own messages may overtake the ranks' forwarded stderr)
 ENDING = re.compile(r"MPI_ABORT was invoked|Primary job +terminated|noticed that process "
-                    r"rank|has exited due to process rank|exited on signal")
+                    r"rank|has exited due to process rank|exited on signal|"
+                    r"exited with non-zero status")
 
 
 class Sieve:
@@ -96,6 +102,10 @@ class Sieve:
         verdict = CORE_VERDICT.match(line.strip())
         if verdict:
             self._add(None, verdict.group(2), int(verdict.group(1)))
+            return
+        refused = RANK_ERROR.match(line.strip())
+        if refused:
+            self._add("error", refused.group(2), int(refused.group(1)))
             return
         if self._block is not None:  # inside a banner: decide at its end
             self._block.append(line)
