@@ -198,3 +198,15 @@ def test_cli_checks_every_mode_before_any_rank():
     assert lb.run_values(opts, "goyal", 64, 0, None, "ddp-gloo")["mode"] == "ddp-gloo"
     with pytest.raises(UsageError, match="recipe goyal, batch 64, mode ddp-nccl: unknown mode"):
         check_configs(lb.Options(batches=[64], recipes=["goyal"], modes=["ddp-nccl"]))
+
+
+def test_dash_n_forwards_the_modes_to_the_ranks(monkeypatch):
+    from hpcdl.cli.main import main
+    calls = []
+    monkeypatch.setattr("hpcdl.cli.run.launch", lambda n, argv, **kw: calls.append(argv) or 0)
+    monkeypatch.setattr("hpcdl.cli.run.inside_parallel_job", lambda: False)
+    monkeypatch.setattr("hpcdl.cli.bench_large_batch.prepare_data", lambda spec: None)
+    assert main(["bench", "large-batch", "-n", "2", "--data", "digits", "--model", "mlp",
+                 "--recipes", "goyal", "--batches", "64", "--modes", "allreduce,ddp-gloo"]) == 0
+    (argv,) = calls
+    assert argv[argv.index("--modes") + 1] == "allreduce,ddp-gloo"

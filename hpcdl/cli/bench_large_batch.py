@@ -147,7 +147,7 @@ def run(args):
         argv = [sys.executable, "-m", "hpcdl", "bench", "large-batch"]
         for flag in ("batches", "recipes", "seeds", "epochs", "data", "model",
                      "warmup_epochs", "target", "target_drop", "offline_noise_scale",
-                     "out", "json", "plot"):
+                     "modes", "out", "json", "plot"):
             value = getattr(args, flag)
             argv += ["--" + flag.replace("_", "-"), str(value)] if value is not None else []
         return launcher.launch(args.n, argv, **launcher.launch_options(args))
