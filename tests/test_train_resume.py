@@ -268,3 +268,31 @@ def test_checkpoints_of_72df3c7_resume_exactly(tmp_path):
         assert "resumed from %s at epoch 2 step 0" % (ckpt / "checkpoint.pt") in r.stdout, \
             r.stdout
         assert _summary(out)["params_sha256"] == want, (stage, r.stdout)
+
+
+# ---------------------------------------------------------------- resume checks
+def test_resume_checks_auto_batch_and_adascale_from_one_read():
+    # checkpoint._mismatch judges --global-batch auto and --lr-scaling adascale
+    # from the state read once (its goodput and adascale parts, which older
+    # checkpoints have too); an auto run adopts the checkpoint's batch
+    from hpcdl.train import checkpoint
+    meta = {"model": "mlp", "mode": "allreduce", "hidden": [32], "data": "digits",
+            "global_batch": 64, "optimizer": "sgd", "seed": 0, "epochs": 2,
+            "auto_batch": False, "adascale": False, "shapes": {"w": [2, 2]}}
+
+    def state(goodput=None, adascale=None, **old):
+        return {"format": checkpoint.FORMAT, "meta": dict(meta, **old), "goodput": goodput,
+                "adascale": adascale}
+    auto = {"global_batch": 128, "changes": 1, "model": None}
+    cases = [
+        (state(), {}, None),
+        (state(goodput=auto), {}, "with --global-batch auto; resume it with --global-batch auto"),
+        (state(), {"auto_batch": True}, "with a fixed --global-batch; resume it with that batch"),
+        (state(goodput=auto, global_batch=128), {"auto_batch": True}, None),
+        (state(adascale={"x": 1}), {}, "with --lr-scaling adascale, this run is without it"),
+        (state(), {"adascale": True}, "without --lr-scaling adascale, this run is with it"),
+        (state(global_batch=128), {}, "--global-batch 128, this run has 64"),
+    ]
+    for st, run, want in cases:
+        got = checkpoint._mismatch("c.pt", st, dict(meta, **run))
+        assert (got is None) if want is None else (want in got and "c.pt" in got), (run, got)

@@ -204,14 +204,7 @@ class AllReduce:
         }
 
     def load_state_dict(self, state):
-        self.check_sharding(state)
-        if (state.get("adascale") is None) != (self.adascale() is None):
-            from .errors import ConfigError
-            raise ConfigError("checkpoint %s was written by a run %s --lr-scaling adascale, "
-                              "this run is %s it; resume with the same --lr-scaling"
-                              % ((checkpoint.resumed_path(self.cfg),) + (
-                                  ("with", "without") if self.adascale() is None else
-                                  ("without", "with"))))
+        self.check_sharding(state)  # --lr-scaling adascale: checkpoint._mismatch checked it
         self.model.load_state_dict(state["model"])
         self.load_optimizer(state)
         self.sched.load_state_dict(state["scheduler"])

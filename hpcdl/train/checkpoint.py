@@ -11,7 +11,17 @@ never stopped.
 
 Atomic: the file is written under a temporary name in the same directory,
 flushed to disk, then renamed over checkpoint.pt; a kill during the save
-leaves the previous checkpoint whole.
+leaves the previous checkpoint whole. checkpoint.pt is the checkpoint's root:
+at --zero 1-3 the per-rank state is a save directory of hpcdl's one sharded
+format (utils/sharded.py) beside it, written first and named by it
+(train/zero.py), so the rename of checkpoint.pt commits the whole save as a
+manifest commits a directory.
+
+Everything a run is checked against before anything is restored is here
+(meta_of, _mismatch), from one read of the file: the model, data, batch,
+optimizer, seed, --mode, and whether the checkpoint was written under
+--global-batch auto (a run with it adopts the checkpoint's batch) and under
+--lr-scaling adascale.
 """
 import os
 
@@ -36,10 +46,14 @@ def resumed_path(cfg):
 
 
 def meta_of(cfg, model):
-    """What a checkpoint must match to be resumed by this run."""
+    """What a checkpoint must match to be resumed by this run. auto_batch and
+    adascale are checked against the state itself (its goodput and adascale
+    parts), which checkpoints from before these keys also have."""
     return {"model": cfg.model, "mode": cfg.mode, "hidden": list(cfg.hidden), "data": cfg.data,
             "global_batch": cfg.global_batch, "optimizer": cfg.optimizer,
             "seed": cfg.seed, "epochs": cfg.epochs,
+            "auto_batch": bool(getattr(cfg, "auto_batch", False)),
+            "adascale": cfg.lr_scaling == "adascale",
             "shapes": _shapes(model)}
 
 
@@ -91,9 +105,22 @@ def _mismatch(path, state, meta):
         return ("checkpoint %s was written by a run with --mode %s, this run has --mode %s; "
                 "an all-reduce and a parameter-server checkpoint hold different state: "
                 "resume with --mode %s" % (path, was, meta["mode"], was))
+    auto = state.get("goodput") is not None
+    if auto != meta.get("auto_batch", False):
+        return ("checkpoint %s was written by a run with a fixed --global-batch; resume it with "
+                "that batch, not auto" % path if meta.get("auto_batch") else
+                "checkpoint %s was written by a run with --global-batch auto; resume it with "
+                "--global-batch auto" % path)
+    adascale = state.get("adascale") is not None
+    if adascale != meta.get("adascale", False):
+        return ("checkpoint %s was written by a run %s --lr-scaling adascale, this run is %s "
+                "it; resume with the same --lr-scaling"
+                % ((path,) + (("with", "without") if adascale else ("without", "with"))))
     for key, flag in (("model", "--model"), ("hidden", "--hidden"), ("data", "--data"),
                       ("global_batch", "--global-batch"), ("optimizer", "--optimizer"),
                       ("seed", "--seed")):
+        if key == "global_batch" and auto:  # the run adopts the checkpoint's batch
+            continue
         if old[key] != meta[key]:
             return ("checkpoint %s was written by a run with %s %s, this run has %s; "
                     "resume with the same %s (or start without --resume)"

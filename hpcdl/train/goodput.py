@@ -26,7 +26,6 @@ from .. import comm
 from ..optim import goodput as gp
 from ..optim.adascale import check_scale
 from . import build
-from .errors import ConfigError
 from .precision import autocast
 from .report import global_sums
 
@@ -128,20 +127,10 @@ class AutoBatch:
         return dict(global_batch=self.cfg.global_batch, changes=self.changes,
                     model=self.model.state_dict() if self.model else None)
 
-    def adopt(self, path):
-        """Before the checkpoint at path is loaded and checked: its chosen batch
-        becomes this run's (its meta records the batch of the epoch it stopped
-        in). A checkpoint of a fixed-batch run is refused. Every rank reads the
-        same file, so every rank decides alike."""
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:
-            return  # checkpoint.load says what is wrong with it
-        if not isinstance(state, dict) or "meta" not in state:
-            return
-        if state.get("goodput") is None:
-            raise ConfigError("checkpoint %s was written by a run with a fixed --global-batch; "
-                              "resume it with that batch, not auto" % path)
+    def adopt(self, state):
+        """The checkpoint's chosen batch becomes this run's, before the strategy's
+        state is restored (checkpoint.load has checked that it is a --global-batch
+        auto checkpoint; its meta records the batch of the epoch it stopped in)."""
         self.cfg.global_batch = state["goodput"]["global_batch"]
 
     def load_state_dict(self, state):
@@ -151,10 +140,3 @@ class AutoBatch:
         self.model = gp.StepTime(**g["model"]) if g["model"] else None
         self.strategy.adascale().progress.scale = check_scale(
             self.cfg.global_batch / self.cfg.base_batch)
-
-
-def refuse_auto_checkpoint(state, path):
-    """A fixed-batch run cannot resume a --global-batch auto checkpoint."""
-    if state.get("goodput") is not None:
-        raise ConfigError("checkpoint %s was written by a run with --global-batch auto; "
-                          "resume it with --global-batch auto" % path)

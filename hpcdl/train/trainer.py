@@ -66,7 +66,7 @@ from .allreduce import AllReduce
 from .config import recipe_lines, with_recipe
 from .ddp_mode import DDP
 from .errors import ConfigError
-from .goodput import AutoBatch, refuse_auto_checkpoint
+from .goodput import AutoBatch
 from .precision import autocast
 from .ps_mode import ParameterServer
 from .report import Reporter, global_sums, params_digest
@@ -202,14 +202,12 @@ def resume_or_start(run):
     if not path:
         run.strategy.start_fresh()
         return
-    if run.auto is not None:  # the checkpoint's batch, before its meta is checked
-        run.auto.adopt(path)
-    state = checkpoint.load(path, run.cfg, run.model)
+    state = checkpoint.load(path, run.cfg, run.model)  # checked against this run
+    if run.auto is not None:  # --global-batch auto continues at the checkpoint's batch
+        run.auto.adopt(state)
     run.strategy.load_state_dict(state)
     if run.auto is not None:
         run.auto.load_state_dict(state)
-    else:
-        refuse_auto_checkpoint(state, path)
     pos = state["position"]
     run.epoch, run.step_in_epoch, run.global_step = (
         pos["epoch"], pos["step_in_epoch"], pos["global_step"])
