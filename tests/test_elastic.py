@@ -15,6 +15,7 @@ from hpcdl.cli.elastic_run import check_counts
 from hpcdl.cli.run import read_hostfile
 from hpcdl.cli.main import UsageError
 from hpcdl.torch.elastic import sampler as sampler_mod
+from hpcdl.utils import sharded
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "mpi_scripts", "elastic_train.py")
@@ -140,7 +141,7 @@ def test_no_restart_left_keeps_the_commit_then_resumes_on_fewer_ranks(tmp_path):
     env = {"ELASTIC_KILL_AT": "1:5", "HPCDL_ELASTIC_DIR": str(keep)}
     r = hpcdl_run(["-n", "3", "--", "python", SCRIPT], tmp_path, env=env)
     assert r.returncode != 0
-    assert (keep / "state.pt").exists()
+    assert sharded.latest(str(keep), "commit")  # the last commit, complete
     r = hpcdl_run(["-n", "2", "--max-restarts", "0", "--", "python", SCRIPT], tmp_path,
                   env={"HPCDL_ELASTIC_DIR": str(keep)})
     assert r.returncode == 0, r.stderr

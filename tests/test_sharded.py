@@ -104,3 +104,29 @@ def test_write_failure_is_one_oserror(tmp_path):
     with pytest.raises(OSError) as e:
         sharded.write_shard(str(blocker / "sub"), 0, 1, "s", {"w": torch.zeros(1)})
     assert "could not write" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- elastic commits
+def test_elastic_commits_on_the_format(tmp_path, monkeypatch):
+    from hpcdl.torch.elastic import _store
+    monkeypatch.setenv("HPCDL_ELASTIC_DIR", str(tmp_path))
+    assert _store.load() is None
+    # a commit of the one-file format before this one still loads
+    torch.save({"format": _store.LEGACY_FORMAT, "size": 3, "saved": {"step": 1}},
+               tmp_path / _store.LEGACY_FILE)
+    assert _store.load()["saved"] == {"step": 1}
+    first = _store.save({"size": 2, "saved": {"step": 2, "obj": {1, 2}}})
+    assert os.listdir(tmp_path) == [os.path.basename(first)]  # state.pt superseded
+    assert _store.load() == {"size": 2, "saved": {"step": 2, "obj": {1, 2}}}
+    second = _store.save({"size": 2, "saved": {"step": 3}})
+    assert os.listdir(tmp_path) == [os.path.basename(second)]  # the older commit removed
+    cut = tmp_path / sharded.new_dir_name(_store.PREFIX)  # a commit cut short
+    sharded.write_shard(str(cut), 0, 1, "x", {"payload": {"size": 2, "saved": {"step": 4}}})
+    assert _store.load()["saved"] == {"step": 3}
+    f = os.path.join(second, sharded.shard_file(0, 1))
+    with open(f, "r+b") as fh:
+        fh.truncate(50)
+    with pytest.raises(RuntimeError) as e:
+        _store.load()
+    assert "elastic: cannot read the last commit %s" % second in str(e.value)
+    assert "\n" not in str(e.value) and "cut short? size: 50 bytes" in str(e.value)

@@ -25,6 +25,7 @@ import pytest
 
 import hang_guard
 from hpcdl import vcluster
+from hpcdl.utils import sharded
 from mpi_harness import REPO, mpi_env
 from vcluster_harness import (HPCDL, cli, leftovers, shared_dir,
                               skip_module_unless_possible, vexec, wait_no_leftovers)
@@ -130,7 +131,7 @@ def test_lost_host_restarts_on_the_rest_to_the_same_parameters(vc):
     env = {"ELASTIC_OUT": os.path.join(base, "ref.json"), "HPCDL_ELASTIC_DIR": keep}
     vexec("node1", run_cmd("-n", "3", "--hostfile", "hosts"), timeout=120,
           env=dict(env, ELASTIC_STOP_AT=AT), check=True, cwd=base)
-    assert os.path.exists(os.path.join(keep, "state.pt"))
+    assert sharded.latest(keep, "commit")  # the commit the 2-rank run starts from
     vexec("node1", run_cmd("-n", "2", "-H", "node1:1,node2:1"), timeout=120, env=env,
           check=True, cwd=base)
     ref = result(env["ELASTIC_OUT"])

@@ -12,6 +12,7 @@ HPCDL_ELASTIC_ATTEMPT (0, 1, ...); hvd.elastic.run resumes from there.
 The restart policy only: run.py hands in how to start the job and how to
 probe a host, so imports run one way (run -> elastic_run)."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -135,9 +136,7 @@ def _elastic_dir():
 def _cleanup(path, made):
     if not made:
         return
-    for name in os.listdir(path):
-        os.remove(os.path.join(path, name))
-    os.rmdir(path)
+    shutil.rmtree(path, ignore_errors=True)  # the commits (torch/elastic/_store.py)
     try:
         os.rmdir(os.path.dirname(path))  # the parent, when no other job uses it
     except OSError:
