@@ -29,7 +29,9 @@ import atexit
 import os
 import sys
 
-from ..utils import log, mpi_info
+import mpi4py
+
+from ..utils import causes, horovod_env, log, mpi_info, rankenv
 from ..utils.launch import env_rank  # noqa: F401 - the launcher's rank, before MPI is up
 from ..utils.log import get_logger, print0, warn
 from .errors import CoreError, MismatchError
@@ -53,9 +55,8 @@ def _mpi():
     MPI_THREAD_MULTIPLE unless the caller imported it first (the engine thread
     calls MPI too)."""
     if "mpi4py.MPI" not in sys.modules:
-        import mpi4py
         mpi4py.rc.thread_level = "multiple"
-    from mpi4py import MPI
+    from mpi4py import MPI  # on use: loads MPI
     return MPI
 
 
@@ -91,7 +92,6 @@ def init(comm=None, local_size=None):
     global _world, _thread_level
     if _world is not None and comm is None:
         return _world
-    from ..utils import horovod_env, rankenv  # HOROVOD_* settings; torchrun's names
     horovod_env.apply(say=warn if env_rank() == 0 else None)
     MPI = _mpi()
     Communicator = _communicator().Communicator
@@ -125,7 +125,6 @@ def _abort_on_exception(exc_type, exc, tb):
     other ranks would otherwise wait for it forever in their next collective.
     HPCDL_ABORT_ON_EXCEPTION=0 keeps Python's default. An error of hpcdl's own
     goes to the launcher as one cause line when it asked (utils/causes.py)."""
-    from ..utils import causes
     causes.report(exc_type, exc, tb, _world.rank if _world else -1)
     if issubclass(exc_type, KeyboardInterrupt):
         return

@@ -35,7 +35,7 @@ def byte_view(buf):
                              "buffers (copy with .cpu() first)" % buf.device)
         if not buf.is_contiguous():
             raise TypeError("alltoall: send buffer is not contiguous; pass t.contiguous()")
-        import torch
+        import torch  # on use: loads torch
         return buf.detach().reshape(-1).view(torch.uint8).numpy(), buf.element_size()
     raise TypeError("alltoall: buffers must be numpy arrays or torch tensors, not %s"
                     % type(buf).__name__)
@@ -44,7 +44,7 @@ def byte_view(buf):
 def empty_like(buf, count):
     if isinstance(buf, np.ndarray):
         return np.empty(count, dtype=buf.dtype)
-    import torch
+    import torch  # on use: loads torch
     return torch.empty(count, dtype=buf.dtype)
 
 

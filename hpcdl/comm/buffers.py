@@ -25,7 +25,7 @@ _TORCH_DTYPES = None
 def _torch_dtypes():
     global _TORCH_DTYPES
     if _TORCH_DTYPES is None:
-        import torch
+        import torch  # on use: loads torch
         _TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64",
                          torch.float16: "float16", torch.bfloat16: "bfloat16",
                          torch.int32: "int32", torch.int64: "int64"}
@@ -87,7 +87,7 @@ def where(send, recv):
                          "device" % (send.device, recv.device))
     if not send.device.startswith("cuda"):
         return Where(-1, 0)
-    import torch
+    import torch  # on use: loads torch
     dev = send.obj.device.index
     return Where(dev, torch.cuda.current_stream(dev).cuda_stream)
 
@@ -98,7 +98,7 @@ def device_guard(device):
     for the call and restores it after."""
     if device < 0:
         return contextlib.nullcontext()
-    import torch
+    import torch  # on use: loads torch
     return torch.cuda.device(device)
 
 
@@ -106,5 +106,5 @@ def empty_like(buf, count):
     """A new 1-D buffer of count elements, same kind, dtype and device as buf."""
     if isinstance(buf, np.ndarray):
         return np.empty(count, dtype=buf.dtype)
-    import torch
+    import torch  # on use: loads torch
     return torch.empty(count, dtype=buf.dtype, device=buf.device)

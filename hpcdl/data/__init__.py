@@ -27,9 +27,9 @@ __all__ = ["H5ShardDataset", "DistributedShardSampler", "collate", "SampleBatch"
 
 def __getattr__(name):  # torch is imported only when these are asked for
     if name in ("H5ShardDataset", "SampleBatch", "collate"):
-        from . import dataset
+        from . import dataset  # on use: loads torch and tqdm
         return getattr(dataset, name)
     if name == "DistributedShardSampler":
-        from .sampler import DistributedShardSampler
+        from .sampler import DistributedShardSampler  # on use: loads torch and tqdm
         return DistributedShardSampler
     raise AttributeError("module 'hpcdl.data' has no attribute %r" % name)

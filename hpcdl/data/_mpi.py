@@ -24,7 +24,7 @@ def job_comm():
     if hcomm.is_initialized():
         return hcomm.world().mpi
     if "mpi4py.MPI" in sys.modules:  # imported (so MPI may be up) by someone else
-        from mpi4py import MPI
+        from mpi4py import MPI  # on use: loads MPI
         if MPI.Is_initialized() and not MPI.Is_finalized():
             return MPI.COMM_WORLD
     if inside_parallel_job():
@@ -39,7 +39,7 @@ def rank_and_size(comm):
 
 def node_comm(comm):
     """Ranks of comm that share this node's memory (and its /dev/shm, $TMPDIR)."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # on use: loads MPI
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
 
 

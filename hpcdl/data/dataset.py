@@ -30,6 +30,7 @@ import torch
 from . import images
 from .cache import ChunkCache
 from .manifest import DataError, Manifest, block_digest
+from .stage import stage_shards
 
 
 class SampleBatch(Sequence):
@@ -98,7 +99,6 @@ class H5ShardDataset(torch.utils.data.Dataset):
     def __init__(self, directory, split="train", transform=None, stage_to=None,
                  cache_bytes=None, comm=None, verify_reads=True):
         if stage_to is not None:
-            from .stage import stage_shards
             directory = stage_shards(directory, stage_to, splits=(split,), comm=comm)
         m = self.manifest = Manifest(directory)
         self.directory, self.split, self.transform = m.directory, split, transform
@@ -145,7 +145,7 @@ class H5ShardDataset(torch.utils.data.Dataset):
             self._files, self._pid = {}, os.getpid()
         shard = self._files.get(s)
         if shard is None:
-            import h5py
+            import h5py  # on use: loads h5py
             try:
                 f = h5py.File(self._paths[s], "r")
             except OSError as e:

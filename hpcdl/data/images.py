@@ -12,7 +12,7 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 def decode(data, channels):
     """Encoded image bytes -> uint8 array (channels, H, W). ValueError saying
     what is wrong if the bytes are not a whole JPEG/PNG image."""
-    from PIL import Image
+    from PIL import Image  # on use: loads PIL
     try:
         with Image.open(io.BytesIO(bytes(data))) as img:
             img = img.convert("L" if channels == 1 else "RGB")
@@ -25,7 +25,7 @@ def decode(data, channels):
 def probe(path):
     """(bytes, channels, (H, W)) of an image file, decoded once in full so
     that a truncated or corrupt file fails here. ValueError if it does not."""
-    from PIL import Image
+    from PIL import Image  # on use: loads PIL
     with open(path, "rb") as f:
         data = f.read()
     try:

@@ -33,6 +33,10 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+import fcntl
+import multiprocessing
+import random
 
 import numpy as np
 
@@ -142,7 +146,6 @@ def make_chunk(split, i):
     """(x float32 (CHUNK, LENGTH), y int64 (CHUNK,)) of chunk i of split, by
     make_dataset. It reseeds numpy's and random's global generators: their
     states are put back, so the caller's draws do not change."""
-    import random
     package, _ = _package()
     np_state, py_state = np.random.get_state(), random.getstate()
     try:
@@ -227,8 +230,6 @@ def _generate(folder, todo, workers, log):
             done += 1
             tick()
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
     # spawn, not fork: the caller may be an MPI rank, whose copy by fork is unsafe
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
         for f in as_completed([ex.submit(_write_chunk, folder, s, i) for s, i in todo]):
@@ -245,7 +246,6 @@ class _Lock:
         self.path, self.f = os.path.join(folder, ".lock"), None
 
     def __enter__(self):
-        import fcntl
         self.f = open(self.path, "a")
         try:
             fcntl.flock(self.f, fcntl.LOCK_EX)

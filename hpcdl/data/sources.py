@@ -20,6 +20,8 @@ import numpy as np
 
 from . import images
 from .manifest import DataError
+from . import mnist1d
+from ..utils.log import warn
 
 
 class ArrayPart:
@@ -137,7 +139,6 @@ def open_source(spec, labels=None, class_names=None):
     that fixes the classes (labels must fall inside it), for arrays only."""
     if spec == "digits":
         return _digits()
-    from . import mnist1d
     try:
         n = mnist1d.parse(spec)
     except ValueError as e:
@@ -161,7 +162,7 @@ def open_source(spec, labels=None, class_names=None):
 
 
 def _digits():
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # on use: loads sklearn
     x, y = load_digits(return_X_y=True)
     part = array_part(x.astype(np.uint8), y, "digits")  # pixel values are 0..16
     return Source("digits (scikit-learn)", {"train": part}, [str(k) for k in range(10)])
@@ -170,7 +171,6 @@ def _digits():
 def _mnist1d(n):
     """N MNIST-1D samples from the cache (generated on first use); the test set
     becomes split "val", so --val-fraction is not needed (nor allowed)."""
-    from . import mnist1d
     d = mnist1d.load(n)
     parts = {"train": array_part(d["x_train"], d["y_train"], "mnist1d:%d train" % n,
                                  mnist1d.NUM_CLASSES),
@@ -287,7 +287,6 @@ def _image_part(root, class_names):
             elif os.path.isfile(path):
                 ignored.append(path)
     if ignored:  # said out loud: no sample disappears silently
-        from ..utils.log import warn
         warn("%s: ignored %d file(s) without a .jpg/.jpeg/.png name, e.g. %s"
              % (root, len(ignored), ignored[0]))
     return ImagePart(files, np.asarray(labels, dtype=np.int64), root)

@@ -16,7 +16,7 @@ import numpy as np
 def stratified_split(y, fraction, seed):
     """(train, val): int64 index arrays into the labels y, in a random order
     fixed by seed (the trainer keeps it, the shard writer shuffles again)."""
-    from sklearn.model_selection import train_test_split
+    from sklearn.model_selection import train_test_split  # on use: loads sklearn
     idx = np.arange(len(y))
     try:
         train, val = train_test_split(idx, test_size=fraction, random_state=seed, stratify=y)

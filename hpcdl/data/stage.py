@@ -19,6 +19,7 @@ import hashlib
 import os
 import shutil
 import time
+import sys
 
 from ..utils.atomic import copy_file
 from . import _mpi
@@ -106,7 +107,6 @@ def _copy(src, dst):
 
 
 def _say(directory, target, copied, total, seconds):
-    import sys
     files, nbytes = copied
     what = ("copied %d of %d file(s), %.1f MiB, in %.2f s" % (files, total, nbytes / 2**20,
                                                               seconds)

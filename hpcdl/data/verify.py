@@ -16,7 +16,7 @@ from .manifest import FIELDS, DataError, Manifest, block_digest
 
 def verify_shard(m, shard):
     """None if the shard is sound, else one line saying what is wrong where."""
-    import h5py
+    import h5py  # on use: loads h5py
     path = m.shard_path(shard)
     if not os.path.exists(path):
         return "%s: missing" % path
@@ -126,7 +126,7 @@ def summary(directory):
 
 
 def _balance(m, split):
-    from .dataset import H5ShardDataset
+    from .dataset import H5ShardDataset  # on use: loads torch and tqdm
     try:
         y = H5ShardDataset(m.directory, split).read_field("y")
     except DataError as e:

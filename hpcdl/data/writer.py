@@ -52,7 +52,7 @@ class ShardOptions:
 
 
 def h5py_has_mpi():
-    import h5py
+    import h5py  # on use: loads h5py
     return bool(h5py.get_config().mpi)
 
 
@@ -228,7 +228,7 @@ def _manifest(source, plan, opts, layout, entries, out, io, ranks):
 # ---------------------------------------------------------------- one shard
 def _create(f, n, layout, split, index, count):
     """The three datasets of a shard of n rows, and its attributes."""
-    import h5py
+    import h5py  # on use: loads h5py
     rows = min(layout["chunk_rows"], n)
     filt = {} if layout["compression"] == "none" else {"compression": layout["compression"]}
     if layout["compression"] == "gzip":
@@ -254,7 +254,7 @@ def _parse_name(path):
 
 def _write_alone(path, part, ids, layout):
     """One process writes the whole shard file (serial h5py driver)."""
-    import h5py
+    import h5py  # on use: loads h5py
     n, rows = len(ids), layout["chunk_rows"]
     digests = {f: [] for f in FIELDS}
     blocks_per_slab = max(1, SLAB_TARGET_BYTES // max(1, _row_bytes(layout) * rows))
@@ -278,7 +278,7 @@ def write_rows(dset, lo, hi, data):
     if data.dtype != object:
         dset[lo:hi] = data
         return
-    import h5py
+    import h5py  # on use: loads h5py
     fspace = dset.id.get_space()
     fspace.select_hyperslab((lo,), (hi - lo,))
     dset.id.write(h5py.h5s.create_simple((hi - lo,)), fspace, data)
@@ -293,7 +293,7 @@ def _row_bytes(layout):
 def _values(part, ids, lo, hi):
     x = read_rows(part, ids[lo:hi])
     if isinstance(x, list):
-        import h5py
+        import h5py  # on use: loads h5py
         xs = np.empty(len(x), dtype=h5py.vlen_dtype(np.uint8))
         for k, b in enumerate(x):  # one by one: equal lengths must not make a 2-D array
             xs[k] = b
@@ -305,7 +305,7 @@ def _write_collective(comm, path, part, ids, layout):
     """All ranks write one shard file together (driver='mpio'): rank r owns a
     contiguous run of whole chunks and writes it in one collective call per
     field, so HDF5 can aggregate the ranks' pieces into large file writes."""
-    import h5py
+    import h5py  # on use: loads h5py
     n, rows = len(ids), layout["chunk_rows"]
     nblocks = -(-n // rows)
     mine = np.array_split(np.arange(nblocks), comm.size)[comm.rank]
@@ -331,7 +331,7 @@ def _write_collective(comm, path, part, ids, layout):
 def collective_write(dset, lo, hi, data):
     """dset[lo:hi] = data as one collective MPI-IO write; a rank with nothing
     to write (lo == hi) still takes part, with an empty selection."""
-    import h5py
+    import h5py  # on use: loads h5py
     fspace = dset.id.get_space()
     shape = dset.shape[1:]
     if hi > lo:

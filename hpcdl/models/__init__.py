@@ -27,22 +27,22 @@ def build(name, in_features, num_classes, **options):
     (default: the CIFAR stem for images up to 64x64, else the ImageNet stem),
     norm_layer."""
     if name == "mlp":
-        from .mlp import MLP
+        from .mlp import MLP  # on use: loads numpy and torch and tqdm
         if isinstance(in_features, int):
             return MLP(in_features, num_classes, **options)
-        from torch import nn
+        from torch import nn  # on use: loads torch
         width = 1
         for d in in_features:
             width *= d
         return nn.Sequential(nn.Flatten(), MLP(width, num_classes, **options))
     if name == "cnn1d":
-        from .cnn1d import CNN1D
+        from .cnn1d import CNN1D  # on use: loads numpy and torch and tqdm
         if not isinstance(in_features, int):
             raise ValueError("cnn1d takes sequences: give in_features as the length L of flat "
                              "rows (B, L), e.g. 40, not %r" % (in_features,))
         return CNN1D(in_features, num_classes, **options)
     if name in IMAGE_NAMES:
-        from . import resnet
+        from . import resnet  # on use: loads numpy and torch and tqdm
         if isinstance(in_features, int) or len(in_features) != 3:
             raise ValueError("%s takes images: give in_features as (C, H, W), e.g. "
                              "(3, 32, 32), not %r" % (name, in_features))

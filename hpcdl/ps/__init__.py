@@ -51,6 +51,6 @@ def __getattr__(name):
     # PSTrainer loads torch and MPI: only when asked for, so a CLI can check
     # settings through hpcdl.ps without loading them
     if name == "PSTrainer":
-        from .api import PSTrainer
+        from .api import PSTrainer  # on use: loads MPI and numpy and torch and tqdm
         return PSTrainer
     raise AttributeError("module 'hpcdl.ps' has no attribute %r" % name)

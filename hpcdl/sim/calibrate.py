@@ -35,6 +35,7 @@ import numpy as np
 from . import cost, fit
 from .units import format_beta, format_time
 from ..bench import allreduce as ar
+from .. import comm
 
 DEFAULT_MAX_BYTES = 64 << 20
 
@@ -143,7 +144,7 @@ def peer_mpi(world):
 def pingpong(world, partner, sizes_, opts):
     """Collective on world: (fastest, median) one-way seconds between rank 0
     and partner, per size, on rank 0 (None elsewhere). The others wait in a barrier."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # on use: loads MPI
     mpi = peer_mpi(world)
     pair = mpi.Split(0 if mpi.rank in (0, partner) else MPI.UNDEFINED, mpi.rank)
     times = None
@@ -171,7 +172,7 @@ def _pingpong_size(pair, nbytes, opts):
 def reduce_times(sizes_, opts):
     """(fastest, median) seconds of np.add(a, b, out=a) on float32 buffers,
     timed by bench's loop on MPI_COMM_SELF (this rank alone)."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # on use: loads MPI
     out = []
     for m in sizes_:
         a, b = np.ones(m // 4, np.float32), np.ones(m // 4, np.float32)
@@ -446,7 +447,6 @@ def run(opts):
     status (1 when an all-reduce result was wrong). Rank 0 prints and writes
     the JSON (the document measure() returns)."""
     validate(opts)
-    from .. import comm
     world = comm.init()
     check_ranks(world.size)
     say = comm.print0  # rank 0 prints the table

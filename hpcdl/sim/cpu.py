@@ -20,6 +20,7 @@ has done w seconds of its (profiled, stretched) work, given the buckets'
 busy intervals before it.
 """
 from dataclasses import dataclass
+import math
 
 
 def has_inputs(term, fab, n):
@@ -36,7 +37,6 @@ def interpolate(table, nbytes):
     """Seconds for nbytes from [(bytes, seconds)] measured (sizes > 0, sorted):
     log-log between neighbours, proportional above the largest, the smallest
     size's time below it."""
-    import math
     if nbytes <= table[0][0]:
         return table[0][1]
     for (b0, t0), (b1, t1) in zip(table, table[1:]):

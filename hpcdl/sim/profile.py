@@ -18,6 +18,9 @@ import statistics as st
 import time
 
 from .terms import Layer
+from .. import comm
+from .. import models
+from ..utils.launch import inside_parallel_job
 
 # name -> (builder arguments, input shape per sample, classes), as
 # hpcdl.bench.train.build_model (tests check they agree)
@@ -30,10 +33,9 @@ FORMAT = "hpcdl-sim-profile-1"
 
 def build(name, input_shape=None, classes=10):
     """(model, input shape, classes) for a name in MODELS or 'module:function'."""
-    import torch
+    import torch  # on use: loads torch
     torch.manual_seed(0)
     if name in MODELS:
-        from .. import models
         args, opts, shape, classes = MODELS[name]
         return models.build(name, *args, **opts), shape, classes
     if ":" not in name:
@@ -56,7 +58,7 @@ def build(name, input_shape=None, classes=10):
 def _one_step(model, opt, x, y, marks):
     """Times of one training step: (forward, backward, total); marks gets
     (parameter name, perf_counter) as each gradient is accumulated."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # on use: loads torch
     marks.clear()
     opt.zero_grad()
     t0 = time.perf_counter()
@@ -73,7 +75,7 @@ def measure(model, shape, classes, batch=32, steps=10, warmup=2):
     """The profile document (one rank): layers in backward order with their
     gradient bytes (4 per parameter) and median backward time since the
     previous gradient, forward/backward/step medians and the step spread."""
-    import torch
+    import torch  # on use: loads torch
     names = {p: n for n, p in model.named_parameters()}
     marks = []
     for p in names:
@@ -111,14 +113,12 @@ def spread(times):
 def run(name, batch=32, steps=10, warmup=2, input_shape=None, classes=10):
     """Profile a model on this process, or on every rank when launched under
     mpirun/srun (the spread is then over all ranks' steps); the document."""
-    from ..utils.launch import inside_parallel_job
     model, shape, classes = build(name, input_shape, classes)
     doc = measure(model, shape, classes, batch, steps, warmup)
-    import torch
+    import torch  # on use: loads torch
     doc["model"], doc["threads"] = name, torch.get_num_threads()  # the cpu terms read it
     times, ranks = doc["step_times"], 1
     if inside_parallel_job():
-        from .. import comm
         world = comm.init()
         every = world.allgather_object(times)
         times, ranks = [t for mine in every for t in mine], world.size

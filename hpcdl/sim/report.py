@@ -74,9 +74,9 @@ def write_json(path, rows, work, net):
 def write_plot(path, rows, work, net=None):
     """Efficiency (left) and throughput (right) against GPU count, log2 x;
     the title says these are the model's predictions and for what network."""
-    import matplotlib
+    import matplotlib  # on use: loads matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # on use: loads matplotlib
     fig, (eff, thr) = plt.subplots(1, 2, figsize=(11, 4.5))
     gpus = sorted({r.gpus for r in rows})
     for a in dict.fromkeys(r.algorithm for r in rows):

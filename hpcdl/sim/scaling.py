@@ -21,6 +21,7 @@ max(0, .) rather than a fixed share of comm.
 from dataclasses import dataclass
 
 from . import cost
+from .units import parse_count
 
 # parameters of the models hpcdl builds (hpcdl.models; tests check these
 # counts against the built models): ImageNet heads (1000 classes, 224x224),
@@ -133,7 +134,6 @@ def scaling_table(gpus, work, net, algorithms=ALGORITHMS):
 
 def resolve_model(text):
     """(name, parameters) from a model name (MODELS) or a count ('25.6M', '1e8')."""
-    from .units import parse_count
     key = str(text).strip().lower()
     if key in MODELS:
         return key, MODELS[key]

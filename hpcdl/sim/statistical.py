@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass
 
 from . import scaling
+from ..data import mnist1d
 
 
 @dataclass
@@ -216,7 +217,6 @@ def train_samples(doc):
     """Training samples of a study's --data when they can be known here
     (mnist1d[:N]: N less its test set), else None."""
     data = str(doc.get("data", ""))
-    from ..data import mnist1d
     try:
         n = mnist1d.parse(data)
     except ValueError:

@@ -85,9 +85,9 @@ def plot(rows, path, folder=None):
     """Throughput against ranks (with the ideal line through the smallest run)
     and efficiency, side by side, as a PNG; ticks at the rank counts run (with
     the nodes when a run spans several), titled with the sweep's folder."""
-    import matplotlib
+    import matplotlib  # on use: loads matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # on use: loads matplotlib
     base = rows[0]
     ranks = [r["ranks"] for r in rows]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.3))

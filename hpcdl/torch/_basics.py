@@ -32,7 +32,7 @@ def init(comm=None, process_sets=None):
     list; ranks outside it get an error). Calling it again is a no-op.
     process_sets: a list of ProcessSet to register (hvd.add_process_set for
     each, in order); "dynamic" or None: none yet."""
-    from .. import comm as hcomm
+    from .. import comm as hcomm  # here: the parameter comm hides the module's name
     if hcomm.is_initialized():
         if comm is None:
             _add_sets(process_sets)

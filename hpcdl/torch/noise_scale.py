@@ -34,6 +34,7 @@ import torch
 
 from ..optim.noise_scale import DEFAULT_BETA, Smoothed, squared_norm
 from .zero.layout import block_counts
+from .compression import TopKCompressor
 
 
 def check_option(noise_scale):
@@ -51,7 +52,6 @@ def check_option(noise_scale):
 
 def check_compatible(op, compression):
     """ValueError unless the reduced gradient is the exact average of the ranks'."""
-    from .compression import TopKCompressor
     if op != "average":
         raise ValueError("noise_scale needs op=Average (got %s): the estimate compares each "
                          "rank's gradient with their average" % op)

@@ -29,6 +29,8 @@ import torch
 
 from ..optim.wrapper import OptimizerWrapper
 from .reducer import Reducer, member_comm, param_names, warn_no_gradient
+from ._basics import comm_op
+from .process_sets import global_process_set
 
 # Horovod's keywords that say how gradients meet, and their defaults
 GRADIENT_OPTIONS = {"compression": None, "backward_passes_per_step": 1, "op": "average",
@@ -46,8 +48,6 @@ class DataParallelOptimizer(OptimizerWrapper):
     _adascale = None  # AdaScale's gain and progress (adascale.py), when asked for
 
     def __init__(self, optimizer, named_parameters=None, process_set=None, **options):
-        from ._basics import comm_op
-        from .process_sets import global_process_set
         unknown = sorted(set(options) - set(GRADIENT_OPTIONS))
         if unknown:
             raise TypeError("%s got unexpected keyword(s) %s" % (type(self).__name__, unknown))
@@ -135,6 +135,7 @@ class DataParallelOptimizer(OptimizerWrapper):
         (|G|^2), .grad_var (tr(Sigma) of one sample's gradient) and .steps, the
         same on every rank; None before the first step() and on one rank.
         batch_size: samples per rank per backward pass. Not collective."""
+        # on use: noise_scale imports hpcdl.torch.zero, whose package imports this module
         from .noise_scale import check_batch
         b = check_batch(batch_size)
         if self._noise is None:
@@ -189,7 +190,7 @@ class DataParallelOptimizer(OptimizerWrapper):
         """fp16 loss scaling: the factor this step's loss was multiplied by.
         Only the noise scale reads it (its squared norms are divided by
         scale**2); unscaling the gradients stays the loss scaler's job."""
-        from .noise_scale import check_loss_scale
+        from .noise_scale import check_loss_scale  # on use: see noise_scale() above
         scale = check_loss_scale(scale)
         if self._noise is not None:
             self._noise.loss_scale = scale

@@ -70,6 +70,9 @@ from .. import comm
 from ..trace import timeline as _timeline
 from . import _join
 from .compression import Compression, compress
+from . import adasum_ops
+from .mpi_ops import synchronize
+from .process_sets import comm_of, global_process_set
 
 FIRST_BUCKET_BYTES = 1 << 20
 
@@ -183,7 +186,6 @@ class _Waits:
         self.handle = handle
 
     def wait(self):
-        from .mpi_ops import synchronize
         return synchronize(self.handle)
 
 
@@ -220,7 +222,6 @@ def adasum_hook(on, bucket):
     on gradients), in place. `opt.reducer.register_comm_hook(opt.reducer.comm,
     adasum_hook)`; hvd.DistributedOptimizer(op=hvd.Adasum) is the other
     Adasum, Horovod's delta optimizer (adasum_optimizer.py)."""
-    from . import adasum_ops
     return adasum_ops.start(list(bucket.views), True, "adasum.bucket.%d" % bucket.index,
                             1.0, 1.0, on, grouped=True)
 
@@ -595,7 +596,6 @@ def check_same_plan(plan, on):
 def member_comm(process_set):
     """The Communicator of process_set (None: the global set) on this rank;
     None outside it."""
-    from .process_sets import comm_of, global_process_set
     if process_set is None:
         process_set = global_process_set
     if process_set.process_set_id not in (0, None) and not process_set.included():

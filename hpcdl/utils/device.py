@@ -13,15 +13,15 @@ SLURM_LOCALID, so it is right under srun, mpirun and virtual nodes alike. When
 Slurm gives each task its own GPU (--gpus-per-task=1, --gpu-bind), torch sees
 one device and every rank takes device 0 of its own view.
 """
+from .. import comm
 
 
 def select_device(local_rank=None, local_size=None):
     """torch.device for this rank (sets the current CUDA device). local_rank
     and local_size default to hpcdl.comm's (MPI is initialised if needed)."""
-    import torch
+    import torch  # on use: loads torch
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    from .. import comm
     if local_rank is None:
         local_rank = comm.local_rank()
     if local_size is None:

@@ -18,6 +18,8 @@ import importlib.util
 import os
 import subprocess
 
+import mpi4py
+
 FAMILY_NAMES = {"openmpi": "Open MPI", "mpich": "MPICH family", "unknown": "unknown MPI"}
 
 
@@ -89,7 +91,6 @@ def _core_from_linked_library(path):
 def mpi4py_mpi(MPI):
     """dict(family, library, mpicc) of the MPI that mpi4py loaded (MPI: the
     mpi4py.MPI module; Get_library_version needs no MPI_Init)."""
-    import mpi4py
     library = first_line(MPI.Get_library_version())
     try:
         mpicc = (mpi4py.get_config() or {}).get("mpicc")
@@ -125,7 +126,7 @@ def check_same_mpi(MPI=None):
     imported: a core built against mpi4py on another MPI may already fail to
     import ("mpi4py.MPI.Datatype size changed"), or crash at its first call."""
     if MPI is None:
-        from mpi4py import MPI
+        from mpi4py import MPI  # on use: loads MPI
     msg = mismatch(core_mpi(), mpi4py_mpi(MPI))
     if msg:
         raise MPIMismatchError(msg)

@@ -8,6 +8,7 @@ host share /dev/shm and System V IPC, as MPI's shared memory needs."""
 import os
 import subprocess
 import time
+import sys
 
 from ..utils.procs import kill_pids, running as _running  # noqa: F401 (cluster: kill_pids)
 
@@ -23,7 +24,6 @@ def shared_under_tmp():
     checkout and the Python it runs in (a clone or venv made in /tmp, as a
     CI job may do). On a real cluster they would sit on the shared file
     system; everything else under /tmp stays private to each host."""
-    import sys
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = []
     for path in (here, os.path.realpath(sys.prefix)):

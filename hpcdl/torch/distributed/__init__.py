@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from . import _rendezvous
 from .sharded_embedding import ShardedEmbeddingBag  # noqa: F401 - docs/embedding.md
+from ... import comm
 
 BACKEND = "hpcdl"
 _registered = False
@@ -30,8 +31,7 @@ _registered = False
 def _create(store, rank, world_size, timeout):
     """torch's creator hook: the default group's ProcessGroupHpcdl. rank and
     world_size came from the rendezvous; they must be MPI's."""
-    from ... import comm
-    from .process_group import ProcessGroupHpcdl
+    from .process_group import ProcessGroupHpcdl  # on use: loads MPI
     world = comm.init()
     if (rank, world_size) != (world.rank, world.size):
         raise ValueError(
@@ -86,7 +86,7 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     that did not arrive within timeout (timedelta or seconds; default the
     group's timeout) - on rank 0 and on every rank that arrived. A rank
     outside group returns at once."""
-    from .process_group import ProcessGroupHpcdl
+    from .process_group import ProcessGroupHpcdl  # on use: loads MPI
     if group is None:
         group = dist.distributed_c10d._get_default_group()
     if group == dist.GroupMember.NON_GROUP_MEMBER:

@@ -29,6 +29,8 @@ from urllib.parse import urlparse
 
 import torch.distributed as dist
 
+from ... import comm
+
 # the module (torch.distributed.rendezvous is also the name of a function there)
 _torch_rdzv = importlib.import_module("torch.distributed.rendezvous")
 
@@ -233,8 +235,7 @@ def _deferred_tcp(url, rank, size, timeout, kwargs):
 
 def _mpi_rendezvous(url, timeout=None, **kwargs):
     """A torch rendezvous handler: yields (store, rank, world_size) from MPI."""
-    from ... import comm  # hpcdl.comm starts here, at init_process_group
-    world = comm.init()
+    world = comm.init()  # MPI starts here, at init_process_group
     _STORES.append(LocalStore(world.rank))
     yield _STORES[-1], world.rank, world.size
     raise RuntimeError("hpcdl's MPI rendezvous cannot re-rendezvous (restart the job)")

@@ -399,7 +399,7 @@ def _tell_others(communicator, kind):
 
 
 def _core_has_cuda():
-    from ... import _core
+    from ... import _core  # on use: loads hpcdl._core
     return bool(_core.built_with_cuda())
 
 
