@@ -4,7 +4,8 @@ ranks the same short LAMB-recipe training with the gradients met by hpcdl's
 all-reduce, by torch DDP over gloo and by DDP over the hpcdl backend (fp32,
 and fp16 with loss scaling): the same parameters bit for bit (2 ranks: a
 sum of two has one order), and within 1e-6 relative of one process
-stepping on the whole global batch."""
+stepping on the whole global batch; a ddp-gloo checkpoint resumed by
+ddp-hpcdl ends with the uninterrupted run's parameters."""
 import json
 import os
 import subprocess
@@ -57,6 +58,9 @@ def test_ddp_follows_hpcdl_and_one_process(tmp_path):
     two = _result(run_python(2, SCRIPT, args=[str(tmp_path / "two")], timeout=300).stdout)
     one = _result(run_python(1, SCRIPT, args=[str(tmp_path / "one"), "allreduce-fp32"],
                              timeout=180).stdout)["allreduce-fp32"]
+    # a checkpoint of ddp-gloo after epoch 1 resumed by ddp-hpcdl: the 2-epoch run's weights
+    resume = two.pop("resume")
+    assert resume["resumed"] == resume["whole"]
     assert [r["mode"] for r in two.values()] == ["allreduce", "ddp-gloo", "ddp-hpcdl",
                                                  "allreduce", "ddp-gloo"]
     assert [two[k]["ddp"] for k in ("ddp-gloo-fp32", "ddp-hpcdl-fp32")] == ["gloo", "hpcdl"]

@@ -4,7 +4,9 @@ decay not on biases, label smoothing) run in one job with every way the
 gradients can meet: --mode allreduce, ddp-gloo, ddp-hpcdl (fp32), and
 allreduce / ddp-gloo in fp16. Rank 0 prints one line 'RESULT {json}': per
 run its summary's params_sha256, steps, test accuracy and where its
-model.pt is. Then, in the same job (the gloo group reused), the study of
+model.pt is; and a run checkpointed after epoch 1 with ddp-gloo and resumed
+to epoch 2 with ddp-hpcdl against the 2 epochs at once. Then, in the same
+job (the gloo group reused), the study of
 `hpcdl bench large-batch --modes allreduce,ddp-gloo` on digits, its JSON at
 argv[1]/lb.json. argv[1]: a directory for the runs' --out; argv[2]
 (optional): the names of the training runs to do, comma-separated (default
@@ -35,6 +37,14 @@ for mode, precision in RUNS:
     result[name] = dict(sha=s["params_sha256"], steps=s["steps"], mode=s["mode"],
                         acc=s["test_accuracy"], ddp=s.get("ddp_backend"),
                         model=os.path.join(out, "model.pt"))
+if names is None:  # resume: 1 epoch on ddp-gloo, then on to 2 on ddp-hpcdl, vs 2 at once
+    plain = dict(data="digits", model="mlp", hidden=(32,), global_batch=64, seed=5)
+    ck = os.path.join(top, "ck")
+    whole = train(TrainConfig(mode="ddp-gloo", epochs=2, **plain))
+    train(TrainConfig(mode="ddp-gloo", epochs=1, checkpoint_dir=ck, **plain))
+    resumed = train(TrainConfig(mode="ddp-hpcdl", epochs=2, checkpoint_dir=ck, resume="auto",
+                                **plain))
+    result["resume"] = dict(whole=whole["params_sha256"], resumed=resumed["params_sha256"])
 if comm.rank() == 0:
     print("RESULT " + json.dumps(result), flush=True)
 if names is None:
