@@ -27,6 +27,9 @@ import socket
 import textwrap
 import time
 from dataclasses import dataclass
+import csv
+import datetime
+import subprocess
 
 import numpy as np
 
@@ -34,6 +37,8 @@ from ..utils.log import print0  # the one rank-0 printer
 from . import EveryRankError
 from . import device as dev  # --device cuda: the buffers as CUDA tensors
 from ..vcluster import floor as net_floor  # the network floor across vcluster hosts
+from .. import comm
+from .._version import __version__
 
 # hpcdl's algorithms (the C core); "shared" is auto on a buffer in node shared
 # memory (Communicator.shared_buffer), as DistributedOptimizer's buckets are
@@ -155,7 +160,7 @@ def busbw(algbw, nranks):
 
 def describe_job(mpi):
     """Collective: a dict describing where the ranks run."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # on use: loads MPI
     per_rank = mpi.allgather((MPI.Get_processor_name(), os.cpu_count() or 1))
     hosts = {}
     for host, cores in per_rank:
@@ -173,8 +178,6 @@ def code_version():
     """'hpcdl 0.1.0 (git 1a2b3c4, modified)' when run from a git checkout, so a
     table can be tied to the core it measured ('modified': uncommitted changes
     in src_c/ or hpcdl/comm/, the code being measured)."""
-    import subprocess
-    from .._version import __version__
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
@@ -197,7 +200,7 @@ def timed_loop(mpi, op, reset, opts):
     a barrier, then op() timed on every rank; an iteration's time is the
     slowest rank's. The first call estimates the cost; warm-up and iteration counts
     shrink so that a row takes about opts.budget_s (same counts on all ranks)."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # on use: loads MPI
 
     def once():
         if reset is not None:
@@ -249,7 +252,6 @@ def start_gloo(mpi, job):
     port = mpi.bcast(port, root=0)
     addr = "127.0.0.1" if len(job["hosts"]) == 1 else mpi.bcast(socket.gethostname(), 0)
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))
-    import datetime
     dist.init_process_group("gloo", rank=mpi.rank, world_size=mpi.size,
                             timeout=datetime.timedelta(seconds=120))
     return None
@@ -259,7 +261,7 @@ def start_hpcdl_group():
     """Collective: a torch.distributed group on backend "hpcdl" over every
     rank: the default group when there is none yet, else new_group(backend=
     "hpcdl") beside it (gloo's, from start_gloo)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # on use: loads torch
     from ..torch import distributed  # noqa: F401 - registers backend "hpcdl"
     distributed.register()
     if not dist.is_initialized():
@@ -278,23 +280,23 @@ def bind(name, world, buf):
     if name in HPCDL_IMPLS:
         return lambda: world.allreduce(buf, None, "sum", name)
     if name == "mpi4py":
-        from mpi4py import MPI
+        from mpi4py import MPI  # on use: loads MPI
         mpi, in_place, op = world.mpi, MPI.IN_PLACE, MPI.SUM
         return lambda: mpi.Allreduce(in_place, buf, op=op)
     if name == "gloo":
-        import torch
-        import torch.distributed as dist
+        import torch  # on use: loads torch
+        import torch.distributed as dist  # on use: loads torch
         tensor = buf if isinstance(buf, torch.Tensor) else torch.from_numpy(buf)  # shared
         return lambda: dist.all_reduce(tensor)
     if name == "async":
         return lambda: world.allreduce_async(buf).wait()
     if name in ("hvd", "torch"):
-        import torch
+        import torch  # on use: loads torch
         tensor = buf if isinstance(buf, torch.Tensor) else torch.from_numpy(buf)
         if name == "hvd":
-            import hpcdl.torch as hvd
+            import hpcdl.torch as hvd  # on use: loads torch and tqdm
             return lambda: hvd.allreduce_(tensor, op=hvd.Sum)
-        import torch.distributed as dist
+        import torch.distributed as dist  # on use: loads torch
         group = _TORCH_GROUP[0]
         return lambda: dist.all_reduce(tensor, group=group)
     raise ValueError("unknown implementation %r" % name)
@@ -356,7 +358,7 @@ def bench_size(world, nbytes, impls, opts):
 
 
 def _max():
-    from mpi4py import MPI
+    from mpi4py import MPI  # on use: loads MPI
     return MPI.MAX
 
 
@@ -499,7 +501,6 @@ def write_json(path, job, copy_bw, check, rows, summary):
 
 
 def write_csv(path, rows):
-    import csv
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -510,9 +511,9 @@ def write_plot(path, job, check, rows):
     """busbw against size (log x), one line per implementation, and the copy
     bound: the busbw of an all-reduce that took as long as the floor (every
     rank's buffer copied twice at np.copyto's measured bandwidth)."""
-    import matplotlib
+    import matplotlib  # on use: loads matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # on use: loads matplotlib
     n = job["ranks"]
     fig, ax = plt.subplots(figsize=(8.5, 5.6))
     for impl in dict.fromkeys(r["impl"] for r in rows):
@@ -563,7 +564,6 @@ def write_plot(path, job, check, rows):
 
 def setup(opts):
     """Collective: (world, job, impls, notes) with MPI, hpcdl and gloo up."""
-    from .. import comm
     world = comm.init()
     if not opts.check:
         world.set_check(False)
@@ -623,9 +623,8 @@ def run(opts):
 
 
 def teardown(impls):
-    from .. import comm
     if "gloo" in impls or "torch" in impls:
-        import torch.distributed as dist
+        import torch.distributed as dist  # on use: loads torch
         dist.destroy_process_group()
         _TORCH_GROUP[:] = []
     comm.shutdown()

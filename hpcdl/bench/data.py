@@ -23,6 +23,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
+import json
 
 import numpy as np
 import torch
@@ -31,6 +32,8 @@ from ..data import (DistributedShardSampler, H5ShardDataset, SampleBatch, _mpi, 
                     sources, writer)
 from .allreduce import code_version, describe_job
 from ..utils.log import print0
+from .. import models
+from ..train.config import TrainConfig
 
 
 @dataclass
@@ -77,7 +80,7 @@ class NaiveH5Dataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         if self.xy is None:
-            import h5py
+            import h5py  # on use: loads h5py
             f = h5py.File(self.path, "r")
             self.xy = f["x"], f["y"]
         x, y = self.xy
@@ -109,7 +112,7 @@ def prepare(opts, workdir):
 def write_naive(ds, x, y, workdir):
     """The same samples in the same order in one file, twice: chunked and
     filtered as the shards, and contiguous without a filter."""
-    import h5py
+    import h5py  # on use: loads h5py
     paths = {}
     filt = {} if ds.manifest.doc["compression"] == "none" else {
         "compression": ds.manifest.doc["compression"]}
@@ -191,8 +194,6 @@ def count_wrong(loader, sampler, x, y):
 
 def consumer_rate(x, opts):
     """samples/s of the MLP train step (hpcdl train's model, one thread)."""
-    from .. import models
-    from ..train.config import TrainConfig
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -215,7 +216,7 @@ def consumer_rate(x, opts):
 
 # ---------------------------------------------------------------- the run
 def run(opts):
-    from mpi4py import MPI
+    from mpi4py import MPI  # on use: loads MPI
     mpi = MPI.COMM_WORLD
     job = describe_job(mpi)
     workdir = _mpi.on_root(mpi, lambda: tempfile.mkdtemp(prefix="hpcdl-bench-data-",
@@ -291,7 +292,6 @@ def report(opts, rows, consumer, say, mpi, job):
     wrong = sum(r["wrong"] for r in rows)
     say("# Wrong or missing samples: %d %s" % (wrong, "OK" if wrong == 0 else "FAILED"))
     if opts.json and mpi.rank == 0:
-        import json
         with open(opts.json, "w") as f:
             json.dump(dict(job=job, rows=rows, consumer_samples_per_s=rate,
                            batch=opts.batch, workers=opts.workers), f, indent=1)
@@ -299,10 +299,9 @@ def report(opts, rows, consumer, say, mpi, job):
 
 
 def _hidden():
-    from ..train.config import TrainConfig
     return TrainConfig.hidden
 
 
 def max_op():
-    from mpi4py import MPI
+    from mpi4py import MPI  # on use: loads MPI
     return MPI.MAX

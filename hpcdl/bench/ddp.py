@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 from mpi4py import MPI
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import comm
 from .allreduce import start_gloo, start_hpcdl_group
@@ -70,12 +72,10 @@ def groups(mpi, job, backends):
 def make(opts, wrap, backend, group, size):
     model = build_model(opts.model)[0]
     if wrap == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
         run = DDP(model, process_group=group)
         if backend == "none":  # DDP's own work (buckets, hooks, copies), no data moved
             run.register_comm_hook(None, _bucket_untouched)
     else:
-        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
         mesh = (init_device_mesh("cpu", (size,)) if group is None
                 else DeviceMesh.from_group(group, "cpu"))
         run = fully_shard_units(model, mesh, reshard=True)

@@ -26,7 +26,7 @@ def unavailable(device):
         return "--device cuda needs torch with CUDA; torch is not installed"
     if not torch.cuda.is_available():
         return "--device cuda: torch sees no GPU here (run on a GPU node, or use --device cpu)"
-    from .. import _core
+    from .. import _core  # on use: loads hpcdl._core
     if not _core.built_with_cuda():
         return ("--device cuda: hpcdl's core was built without CUDA (no nvcc at build "
                 "time); rebuild with nvcc on PATH (HPCDL_WITH_CUDA=1 pip install -e .)")
@@ -34,13 +34,13 @@ def unavailable(device):
 
 
 def select_gpu(local_rank):
-    import torch
+    import torch  # on use: loads torch
     torch.cuda.set_device(local_rank % torch.cuda.device_count())
 
 
 def skipped_impls(impls):
     """(implementations that run on device buffers, notes on the others)."""
-    from .. import _core
+    from .. import _core  # on use: loads hpcdl._core
     keep, notes = [], []
     for name in impls:
         if name == "shared":
@@ -55,21 +55,21 @@ def skipped_impls(impls):
 
 def buffers(send_host):
     """(send, work) on the current GPU: send holds send_host's values."""
-    import torch
+    import torch  # on use: loads torch
     send = torch.from_numpy(send_host).cuda()
     return send, torch.empty_like(send)
 
 
 def reset(buf, send):
     """buf = send, finished before the timed call starts."""
-    import torch
+    import torch  # on use: loads torch
     buf.copy_(send)
     torch.cuda.synchronize()
 
 
 def synced(run):
     """run() timed until its result is in device memory."""
-    import torch
+    import torch  # on use: loads torch
 
     def op():
         run()
@@ -84,7 +84,7 @@ def wrong(buf, expected):
 
 def staging_floor_us(nbytes, iters=5):
     """Microseconds for one D2H + H2D copy of nbytes through pinned memory."""
-    import torch
+    import torch  # on use: loads torch
     d = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device="cuda")
     h = torch.empty(d.numel(), dtype=torch.float32).pin_memory()
     best = float("inf")

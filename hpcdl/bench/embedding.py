@@ -37,6 +37,8 @@ from mpi4py import MPI
 from .. import comm
 from .allreduce import start_hpcdl_group
 from .train import Impl, interleaved, start
+from ..torch.distributed import ShardedEmbeddingBag
+from ..torch.distributed.sharded_embedding import init_table
 
 METHODS = ("sharded", "replicated", "allgather")
 WRONG = 1e-4
@@ -76,7 +78,6 @@ def loss_weight(opts, rank):
 
 class Sharded:
     def __init__(self, opts, rows, group):
-        from ..torch.distributed import ShardedEmbeddingBag
         self.emb = ShardedEmbeddingBag([(rows, opts.dim)] * opts.tables, group=group,
                                        sparse=True)
         self.lr = opts.lr
@@ -99,7 +100,6 @@ class Sharded:
 
 class Replicated:
     def __init__(self, opts, rows, group):
-        from ..torch.distributed.sharded_embedding import init_table
         self.group, self.lr, self.opts = group, opts.lr, opts
         self.flat = torch.cat([init_table((rows, opts.dim), t).reshape(-1)
                                for t in range(opts.tables)]).requires_grad_()
@@ -113,7 +113,6 @@ class Replicated:
                           for t, (i, o) in enumerate(zip(*batch))], 1)
 
     def step(self, batch, weight):
-        import torch.distributed as dist
         out = self.lookup(self.tables(), batch)
         (out * weight).sum().backward()
         dist.all_reduce(self.flat.grad, group=self.group)
@@ -123,12 +122,10 @@ class Replicated:
         return out.detach()
 
     def owned(self):
-        import torch.distributed as dist
         rank, size = dist.get_rank(self.group), dist.get_world_size(self.group)
         return {t: self.tables()[t].detach() for t in range(self.opts.tables) if t % size == rank}
 
     def bytes_sent(self):
-        import torch.distributed as dist
         n = dist.get_world_size(self.group)
         return 2 * (n - 1) * self.flat.numel() * 4 // n
 
@@ -137,8 +134,6 @@ class AllGather(Replicated):
     """Owned tables in a padded block per rank; full tables all-gathered per step."""
 
     def __init__(self, opts, rows, group):
-        import torch.distributed as dist
-        from ..torch.distributed.sharded_embedding import init_table
         self.group, self.lr, self.opts, self.rows = group, opts.lr, opts, rows
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         per_rank = -(-opts.tables // self.size)          # most tables one rank owns
@@ -155,7 +150,6 @@ class AllGather(Replicated):
                 for t in range(self.opts.tables)]
 
     def step(self, batch, weight):
-        import torch.distributed as dist
         full = self.block.new_empty(self.size * self.block.numel())
         _collective("all_gather_single", "all_gather_into_tensor")(full, self.block,
                                                                   group=self.group)

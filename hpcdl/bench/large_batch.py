@@ -59,6 +59,8 @@ import time
 from dataclasses import dataclass, field
 
 from .. import comm
+from ..train.config import load_recipe
+from ..train.config import with_recipe
 
 AUTO = "auto"  # the batch of a --global-batch auto run (Options.auto)
 ALLREDUCE = "allreduce"  # hpcdl train's default --mode
@@ -230,7 +232,6 @@ def run_values(opts, recipe, batch, seed, out, mode=ALLREDUCE):
     warms up).
     batch "auto": --global-batch auto, --lr-scaling adascale, the ceiling the
     largest fixed batch."""
-    from ..train.config import load_recipe
     values = dict(opts.extra, data=opts.data, model=opts.model, recipe=recipe,
                   global_batch=batch, epochs=opts.epochs, seed=seed, out=out, mode=mode)
     if batch == AUTO:
@@ -275,12 +276,11 @@ def noise_scale_check(cfg, out, samples):
     the run's size on the job's ranks, and offline on rank 0
     (offline_noise_scale over the per-rank slices). Returns (online, offline)
     on rank 0, None elsewhere."""
-    import numpy as np
-    import torch
-    from .. import torch as hvd
-    from ..optim.noise_scale import offline_noise_scale
-    from ..train import build, data
-    from ..train.config import with_recipe
+    import numpy as np  # on use: loads numpy
+    import torch  # on use: loads torch
+    from .. import torch as hvd  # on use: loads numpy and torch and tqdm
+    from ..optim.noise_scale import offline_noise_scale  # on use: loads numpy and torch and tqdm
+    from ..train import build, data  # on use: loads numpy and torch and tqdm
     cfg = with_recipe(cfg)
     ds = data.load(cfg.data, cfg.seed, cfg.test_fraction)
     model = build.build_model(cfg, ds)
@@ -413,9 +413,9 @@ def plot(rows, target, path):
     to the target against batch (log-log) with the perfect-scaling line and the
     McCandlish fit. Right: seconds to the target against batch; an auto row is
     a horizontal dashed line there (and a star at its final batch)."""
-    import matplotlib
+    import matplotlib  # on use: loads matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # on use: loads matplotlib
     fig, (acc, steps, secs) = plt.subplots(1, 3, figsize=(15, 4.2))
     for key in dict.fromkeys(series(r) for r in rows):
         mine = [r for r in rows if series(r) == key and r["batch"] != AUTO]

@@ -29,14 +29,19 @@ import math
 import os
 import time
 from dataclasses import dataclass
+import statistics as st
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from mpi4py import MPI
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import comm, models
 from .allreduce import describe_job, start_gloo
+from ..torch.reducer import fusion_threshold
+from ..trace import timeline
+import hpcdl.torch as hvd
 
 MLP_HIDDEN = (4096, 2048)  # 1024-4096-2048-10: 12.6 M parameters
 
@@ -101,8 +106,6 @@ def make_hpcdl(opts, windows, noise_scale=False):
     """DistributedOptimizer; each step appends its backward window (MPI_Wtime).
     noise_scale: hpcdl+noise, measuring the gradient noise scale (its buckets
     kept off the timeline, which describes hpcdl's)."""
-    import hpcdl.torch as hvd
-    from ..trace import timeline
     model, _, _ = build_model(opts.model)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=opts.lr),
                                    named_parameters=model.named_parameters(),
@@ -124,7 +127,6 @@ def make_hpcdl(opts, windows, noise_scale=False):
 
 
 def make_ddp(opts):
-    from torch.nn.parallel import DistributedDataParallel as DDP
     model, _, _ = build_model(opts.model)
     ddp = DDP(model)
     return Impl("ddp-gloo", model, sgd_step(ddp, torch.optim.SGD(ddp.parameters(), lr=opts.lr)))
@@ -220,7 +222,6 @@ def one_pass(opts, data, gloo_ok, mpi):
     """Fresh models, warm-up steps, then opts.steps interleaved timed steps;
     ({impl: row}, (max parameter difference between hpcdl and DDP after the
     first step, after the last)), differences None without DDP."""
-    from ..trace import timeline
     windows = []
     impls = [make_hpcdl(opts, windows)] + ([make_ddp(opts)] if gloo_ok else [])
     if opts.noise_scale:
@@ -256,7 +257,6 @@ def noise_scale_cost(reps, steps):
     """hpcdl+noise against hpcdl within each repeat: (median extra ms per step,
     median ratio of step times, range of the ratio, median ms per step spent in
     the measurement's own callbacks)."""
-    import statistics as st
     pairs = [(r["hpcdl+noise"]["seconds"], r["hpcdl"]["seconds"]) for r in reps]
     extra = st.median(1e3 * (a - b) / steps for a, b in pairs)
     ratios = [a / b for a, b in pairs]
@@ -267,7 +267,6 @@ def noise_scale_cost(reps, steps):
 def summarize(reps):
     """Medians over repeats; the hpcdl/DDP ratio is taken within each repeat
     (the same minutes of machine noise) and then its median and range."""
-    import statistics as st
     rows = []
     for impl in IMPLS:
         got = [r[impl] for r in reps if impl in r]
@@ -309,7 +308,6 @@ def run(opts):
     mpi = world.mpi
     if opts.fusion_mb is not None:  # read when DistributedOptimizer plans its buckets
         os.environ["HPCDL_FUSION_THRESHOLD"] = str(int(opts.fusion_mb * (1 << 20)))
-    from ..torch.reducer import fusion_threshold
     nparams, data = model_and_data(opts, world.rank)
     err = start_gloo(mpi, job)
     say = comm.print0
@@ -343,7 +341,6 @@ def run(opts):
         "inside this rank's backward; job's = before the slowest rank's backward ended")
     ratio = None
     if ratios:
-        import statistics as st
         ratio = st.median(ratios)
         say("# hpcdl / DDP samples/s: %.2fx median of %d repeat(s) (range %.2f..%.2fx; "
             "no-comm is the compute-only floor: every rank training alone)"

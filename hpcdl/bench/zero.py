@@ -29,14 +29,21 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+import json
+import resource
 
 import torch
 import torch.nn.functional as F
 from mpi4py import MPI
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import comm
 from .allreduce import start_gloo
 from .train import build_model, interleaved, model_and_data, start
+import hpcdl.torch as hvd
 
 STAGES = (0, 1, 2, 3)
 COUNTERPART = {0: "torch-ddp", 1: "torch-zero1", 2: "torch-fsdp2-noreshard", 3: "torch-fsdp2"}
@@ -110,7 +117,6 @@ class Impl:
 
 
 def make_hpcdl(opts, stage):
-    import hpcdl.torch as hvd
     model = build_model(opts.model)[0]
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=opts.lr),
                                    named_parameters=model.named_parameters(), zero_stage=stage)
@@ -124,7 +130,6 @@ def make_hpcdl(opts, stage):
 
 
 def make_hpcdl3(opts):
-    import hpcdl.torch as hvd
     model = build_model(opts.model)[0]
     shards = hvd.shard_model(model)
     opt = torch.optim.Adam(model.parameters(), lr=opts.lr)
@@ -141,8 +146,6 @@ def make_hpcdl3(opts):
 
 
 def make_ddp(opts, sharded):
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.nn.parallel import DistributedDataParallel as DDP
     model = build_model(opts.model)[0]
     ddp = DDP(model)
     if sharded:
@@ -158,7 +161,6 @@ def make_ddp(opts, sharded):
 def make_fsdp(opts, reshard, size):
     """FSDP2 with the units hpcdl stage 3 uses by default: every module with
     parameters of its own, then the model."""
-    from torch.distributed.device_mesh import init_device_mesh
     model = fully_shard_units(build_model(opts.model)[0], init_device_mesh("cpu", (size,)),
                               reshard)
     opt = torch.optim.Adam(model.parameters(), lr=opts.lr)
@@ -171,7 +173,6 @@ def make_fsdp(opts, reshard, size):
 def fully_shard_units(model, mesh, reshard):
     """FSDP2 over mesh: every module with parameters of its own a unit, then
     the model (also bench train --backend --wrap fsdp2). Returns the model."""
-    from torch.distributed.fsdp import fully_shard
     for m in list(model.modules())[1:]:
         if any(True for _ in m.parameters(recurse=False)):
             fully_shard(m, mesh=mesh, reshard_after_forward=reshard)
@@ -288,7 +289,6 @@ def print_table(rows, say):
 
 
 def run(opts):
-    import json
     world, job, threads = start(opts)
     mpi = world.mpi
     nparams, data = model_and_data(opts, world.rank)
@@ -330,5 +330,4 @@ def run(opts):
 
 
 def _peak_rss():
-    import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB

@@ -10,6 +10,8 @@ import sys
 
 from .main import UsageError
 from .run import add_launch_args
+from . import run as launcher
+from ..bench import EveryRankError
 
 # hpcdl/cli/bench_<name>.py with register(sub)
 EXTRA_BENCHMARKS = ["calibrate", "data", "large_batch", "embedding"]
@@ -76,7 +78,7 @@ def _register_allreduce(sub):
 
 def allreduce_options(args):
     """The parsed arguments as hpcdl.bench.allreduce.Options; UsageError if bad."""
-    from ..bench import allreduce
+    from ..bench import allreduce  # on use: loads numpy
     try:
         opts = allreduce.Options(
             min_bytes=allreduce.parse_size(args.min_bytes),
@@ -110,7 +112,6 @@ def allreduce_argv(args):
 
 def run_allreduce(args):
     opts = allreduce_options(args)
-    from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         options = launcher.launch_options(args)
         if not options["hosts"] and not launcher.inside_slurm_allocation():
@@ -119,7 +120,7 @@ def run_allreduce(args):
             if problem:
                 raise UsageError(problem)
         return launcher.launch(args.n, allreduce_argv(args), **options)
-    from ..bench import allreduce
+    from ..bench import allreduce  # on use: loads numpy
     return abort_on_error(allreduce.run, opts)
 
 
@@ -202,7 +203,6 @@ def run_train(args):
     if stages is not None and args.noise_scale:
         raise UsageError("--noise-scale is not taken with --zero (it times "
                          "DistributedOptimizer at stage 0); drop one of them")
-    from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         argv = [sys.executable, "-m", "hpcdl", "bench", "train", "--model", args.model,
                 "--steps", str(args.steps), "--warmup", str(args.warmup),
@@ -218,12 +218,12 @@ def run_train(args):
     if args.zero is not None:
         return abort_on_error(*zero_options(args, stages))
     if backends is not None:
-        from ..bench import ddp
+        from ..bench import ddp  # on use: loads MPI and numpy and torch and tqdm
         return abort_on_error(ddp.run, ddp.Options(
             model=args.model, backends=backends, wraps=wraps, steps=args.steps,
             warmup=args.warmup, batch=args.batch, threads=args.threads,
             repeats=args.repeats, json=args.json))
-    from ..bench import train
+    from ..bench import train  # on use: loads MPI and numpy and torch and tqdm
     opts = train.Options(model=args.model, steps=args.steps, warmup=args.warmup,
                          batch=args.batch, threads=args.threads, repeats=args.repeats,
                          json=args.json, fusion_mb=args.fusion_mb,
@@ -249,7 +249,7 @@ def _backend_options(args):
         if args.wrap is not None:
             raise UsageError("--wrap needs --backend (e.g. --backend hpcdl,gloo --wrap ddp,fsdp2)")
         return None, None
-    from ..bench.ddp import BACKENDS, WRAPS
+    from ..bench.ddp import BACKENDS, WRAPS  # on use: loads MPI and numpy and torch and tqdm
     for flag, given in (("--zero", args.zero is not None), ("--noise-scale", args.noise_scale),
                         ("--fusion-mb", args.fusion_mb is not None)):
         if given:
@@ -275,7 +275,7 @@ def _zero_stages(text):
 
 def zero_options(args, stages):
     """(hpcdl.bench.zero.run, its Options) for `bench train --zero`."""
-    from ..bench import zero
+    from ..bench import zero  # on use: loads MPI and numpy and torch and tqdm
     return zero.run, zero.Options(model=args.model, stages=stages, steps=args.steps,
                                   warmup=args.warmup, batch=args.batch, threads=args.threads,
                                   repeats=args.repeats, json=args.json)
@@ -286,7 +286,6 @@ def run_or_launch(args, name, flags, opts, before_launch=None):
     -n outside an MPI or Slurm job, launches that many ranks of the same
     command (each of flags passed on as --flag VALUE when not None) after
     before_launch(); else runs the module's run(opts) here (abort_on_error)."""
-    from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         if before_launch is not None:
             before_launch()
@@ -303,7 +302,6 @@ def abort_on_error(run, opts):
     """run(opts), but an exception on one rank aborts the whole job (with the
     traceback, prefixed by the rank) instead of leaving the others waiting in
     a collective."""
-    from ..bench import EveryRankError
     try:
         return run(opts)
     except EveryRankError as e:  # every rank has it: one line, no abort

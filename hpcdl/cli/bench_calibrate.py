@@ -9,6 +9,8 @@ import sys
 
 from .main import UsageError
 from .run import add_launch_args
+from . import run as launcher
+from .bench import abort_on_error
 
 
 def register(sub):
@@ -45,8 +47,8 @@ def register(sub):
 
 def calibrate_options(args):
     """The parsed arguments as hpcdl.sim.calibrate.Options; UsageError if bad."""
-    from ..bench.allreduce import parse_size
-    from ..sim import calibrate
+    from ..bench.allreduce import parse_size  # on use: loads numpy
+    from ..sim import calibrate  # on use: loads numpy
     try:
         if args.n is not None:
             calibrate.check_ranks(args.n)
@@ -74,15 +76,13 @@ def calibrate_argv(args):
 
 def run_calibrate(args):
     opts = calibrate_options(args)
-    from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         return launcher.launch(args.n, calibrate_argv(args),
                                **launcher.launch_options(args))
-    from mpi4py import MPI
-    from ..sim import calibrate
+    from mpi4py import MPI  # on use: loads MPI
+    from ..sim import calibrate  # on use: loads numpy
     try:  # a single rank (no -n, or mpirun -n 1) has nobody to send to
         calibrate.check_ranks(MPI.COMM_WORLD.size)
     except ValueError as e:
         raise UsageError(str(e))
-    from .bench import abort_on_error
     return abort_on_error(calibrate.run, opts)

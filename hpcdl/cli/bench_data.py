@@ -43,7 +43,7 @@ def register(sub):
 
 
 def options(args):
-    from ..bench import data
+    from ..bench import data  # on use: loads numpy and torch and tqdm
     try:
         shape = tuple(int(s) for s in args.shape.split(","))
     except ValueError:

@@ -40,7 +40,7 @@ def register(sub):
 
 
 def options(args):
-    from ..bench import embedding
+    from ..bench import embedding  # on use: loads MPI and numpy and torch and tqdm
     try:
         rows = tuple(int(s) for s in args.rows.split(","))
     except ValueError:

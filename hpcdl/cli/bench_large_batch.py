@@ -7,8 +7,10 @@ against the global batch, per recipe, and the gradient noise scale).
     hpcdl bench large-batch -n 4 --batches auto,64,1024,4096 --recipes plain   # + auto
     hpcdl bench large-batch -n 4 --batches 2048 --recipes lamb --modes allreduce,ddp-gloo
 """
-import sys
-
+from ..bench.large_batch import ALLREDUCE, AUTO, Options, run_values
+from ..train import ConfigError, TrainConfig
+from ..train.config import with_recipe
+from .bench import run_or_launch
 from .main import UsageError
 from .run import add_launch_args
 from .train import prepare_data
@@ -92,7 +94,6 @@ def _batches(text):
 
 
 def options(args):
-    from ..bench.large_batch import Options
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     if not recipes:
         raise UsageError("--recipes: give at least one recipe, e.g. goyal,lars")
@@ -123,9 +124,6 @@ def check_configs(opts, ranks=None):
     """Every run's config checked before any rank starts: a bad recipe, batch
     or data name is one line here, not an error on every rank later. An auto
     run is checked on `ranks` (default 2: AdaScale needs 2 or more)."""
-    from ..train import ConfigError, TrainConfig
-    from ..train.config import with_recipe
-    from ..bench.large_batch import ALLREDUCE, AUTO, run_values
     for recipe in opts.recipes:
         for batch in list(opts.batches) + [AUTO] * bool(opts.auto):
             size = (ranks or 2) if batch == AUTO else 1
@@ -141,16 +139,7 @@ def check_configs(opts, ranks=None):
 def run(args):
     opts = options(args)
     check_configs(opts, args.n)
-    from . import run as launcher
-    if args.n is not None and not launcher.inside_parallel_job():
-        prepare_data(opts.data)  # generated data (MNIST-1D): once, here, with every CPU
-        argv = [sys.executable, "-m", "hpcdl", "bench", "large-batch"]
-        for flag in ("batches", "recipes", "seeds", "epochs", "data", "model",
-                     "warmup_epochs", "target", "target_drop", "offline_noise_scale",
-                     "modes", "out", "json", "plot"):
-            value = getattr(args, flag)
-            argv += ["--" + flag.replace("_", "-"), str(value)] if value is not None else []
-        return launcher.launch(args.n, argv, **launcher.launch_options(args))
-    from ..bench import large_batch
-    from .bench import abort_on_error
-    return abort_on_error(large_batch.run, opts)
+    return run_or_launch(args, "large-batch", (
+        "batches", "recipes", "seeds", "epochs", "data", "model", "warmup_epochs", "target",
+        "target_drop", "offline_noise_scale", "modes", "out", "json", "plot"), opts,
+        before_launch=lambda: prepare_data(opts.data))  # generated data: once, with every CPU

@@ -11,6 +11,7 @@ import sys
 
 from .main import UsageError
 from .run import add_launch_args
+from . import run as launcher
 
 
 def register(sub):
@@ -73,7 +74,7 @@ def _register_shard(sub):
 
 
 def run_shard(args):
-    from ..data import writer
+    from ..data import writer  # on use: loads numpy
     try:
         opts = writer.ShardOptions(
             shards=args.shards, compression=args.compression, chunk_rows=args.chunk_rows,
@@ -81,11 +82,10 @@ def run_shard(args):
             collective=not args.no_collective, force=args.force)
     except ValueError as e:
         raise UsageError(str(e))
-    from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         return launcher.launch(args.n, _shard_argv(args),
                                **launcher.launch_options(args))
-    from ..data import DataError, _mpi, sources
+    from ..data import DataError, _mpi, sources  # on use: loads numpy
     comm = _mpi.job_comm()
     names = args.class_names.split(",") if args.class_names else None
     try:
@@ -129,7 +129,7 @@ def _register_inspect(sub):
 
 
 def run_inspect(args):
-    from ..data import DataError, verify
+    from ..data import DataError, verify  # on use: loads numpy
     try:
         print("\n".join(verify.summary(args.directory)))
     except DataError as e:
@@ -153,12 +153,11 @@ def _register_verify(sub):
 
 
 def run_verify(args):
-    from . import run as launcher
     if args.n is not None and not launcher.inside_parallel_job():
         return launcher.launch(args.n, [sys.executable, "-m", "hpcdl", "data", "verify",
                                         args.directory],
                                **launcher.launch_options(args))
-    from ..data import DataError, _mpi, verify
+    from ..data import DataError, _mpi, verify  # on use: loads numpy
     comm = _mpi.job_comm()
     try:
         rows = verify.verify(args.directory, comm)

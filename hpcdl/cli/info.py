@@ -6,6 +6,9 @@ import json
 import os
 import platform
 
+from .._version import __version__
+from ..utils import mpi_info
+
 
 def _version(module):
     try:
@@ -16,10 +19,8 @@ def _version(module):
 
 
 def collect():
-    from .._version import __version__
     info = {"hpcdl": __version__, "python": platform.python_version(),
             "cores": os.cpu_count()}
-    from ..utils import mpi_info
     core_mpi = mpi_info.core_mpi()
     info["core_mpi_library"] = core_mpi["library"] if core_mpi else "unknown (no core built)"
     info["core_mpicc"] = core_mpi and core_mpi["mpicc"]

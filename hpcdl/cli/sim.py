@@ -9,6 +9,9 @@ sim_pipeline.py, `time-to-accuracy` in sim_statistical.py.
 """
 from .main import UsageError
 from .sim_common import add_network_flags, network_values, parse_gpus
+from . import sim_pipeline
+from . import sim_statistical
+from . import sim_terms
 
 
 def register(subparsers):
@@ -22,11 +25,8 @@ def register(subparsers):
     sub = p.add_subparsers(dest="simulation", metavar="SIMULATION")
     p.set_defaults(func=lambda args: p.print_help() or 2)
     _register_scaling(sub)
-    from . import sim_terms
     sim_terms.register(sub)
-    from . import sim_pipeline
     sim_pipeline.register(sub)
-    from . import sim_statistical
     sim_statistical.register(sub)
 
 
@@ -65,7 +65,7 @@ def _register_scaling(sub):
 
 
 def run_scaling(args):
-    from ..sim import report, scaling
+    from ..sim import report, scaling  # on use: loads numpy
     try:
         name, params = scaling.resolve_model(args.model)
         alpha, beta, alpha_intra, beta_intra, gamma = network_values(args)

@@ -36,10 +36,10 @@ def parse_gpus(text):
 def network_values(args):
     """(alpha, beta, alpha_intra, beta_intra, gamma) in seconds (per byte) from
     the flags and --calibration; a flag wins over the file."""
-    from ..sim.units import parse_beta, parse_time
+    from ..sim.units import parse_beta, parse_time  # on use: loads numpy
     cal = {}
     if args.calibration:
-        from ..sim.calibrate import load_calibration
+        from ..sim.calibrate import load_calibration  # on use: loads numpy
         try:
             cal = load_calibration(args.calibration)
         except ValueError as e:

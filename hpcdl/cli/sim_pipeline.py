@@ -46,7 +46,8 @@ def register(sub):
 
 
 def run_pipeline(args):
-    from ..sim import pipeline
+    from ..sim import pipeline  # on use: loads numpy
+    # on use: loads numpy
     from ..sim.units import format_beta, format_time, parse_beta, parse_count, parse_time
     try:
         alpha, beta = parse_time(args.alpha, "--alpha"), parse_beta(args.beta, "--beta")

@@ -62,7 +62,7 @@ def register(sub):
 
 
 def _fit(args):
-    from ..sim import statistical
+    from ..sim import statistical  # on use: loads numpy
     doc = None
     if args.study:
         try:
@@ -83,7 +83,7 @@ def _fit(args):
 
 
 def _work(args):
-    from ..sim import profile, scaling, statistical
+    from ..sim import profile, scaling, statistical  # on use: loads numpy
     if args.profile is None and args.compute_ms_per_sample is None:
         raise ValueError("give --compute-ms-per-sample (forward + backward of one sample, "
                          "measure it) or --profile FILE from 'hpcdl sim profile --json'")
@@ -113,8 +113,8 @@ def _work(args):
 
 
 def run_time_to_accuracy(args):
-    from ..sim import scaling, statistical
-    from ..sim.units import format_beta, format_time
+    from ..sim import scaling, statistical  # on use: loads numpy
+    from ..sim.units import format_beta, format_time  # on use: loads numpy
     try:
         gpus = parse_gpus(args.gpus)
         fit, doc = _fit(args)

@@ -11,6 +11,7 @@ import json
 
 from .main import UsageError
 from .sim_common import add_network_flags, network_values, parse_gpus
+from ..utils.launch import env_rank
 
 TERM_NAMES = ("buckets", "shared", "compression", "stragglers", "overheads", "timeshare", "cpu",
               "allreduce")
@@ -134,7 +135,7 @@ def parse_shape(text):
 
 
 def run_profile(args):
-    from ..sim import profile
+    from ..sim import profile  # on use: loads numpy
     if args.batch < 1 or args.steps < 2 or args.warmup < 0:
         raise UsageError("--batch must be >= 1, --steps >= 2 (for a spread), --warmup >= 0")
     try:
@@ -145,7 +146,7 @@ def run_profile(args):
                           parse_shape(args.input_shape), args.classes)
     except ValueError as e:
         raise UsageError(str(e))
-    from ..sim.units import format_time
+    from ..sim.units import format_time  # on use: loads numpy
     lines = ["# hpcdl sim profile: %s, %d parameters, batch %d, %s"
              % (doc["model"], doc["params"], doc["batch"], doc["spread_over"]),
              "#  forward %s, backward %s, optimizer %s, step %s (medians), step spread "
@@ -164,7 +165,6 @@ def run_profile(args):
 
 
 def _rank0():
-    from ..utils.launch import env_rank
     return (env_rank() or 0) == 0
 
 
@@ -176,8 +176,8 @@ def _print_once(lines):
 def step_inputs(args):
     """(terms.Step, terms.Fabric, source) from the flags, --profile and
     --calibration; UsageError naming the bad input."""
-    from ..sim import profile, scaling, terms
-    from ..sim.units import parse_beta
+    from ..sim import profile, scaling, terms  # on use: loads numpy
+    from ..sim.units import parse_beta  # on use: loads numpy
     if args.profile:
         doc = profile.load(args.profile, model=args.model)
         name = doc["model"]
@@ -221,10 +221,10 @@ def host_values(args):
     """(cores per rank, CPU seconds per byte, {ranks: [(bytes, seconds)]} of
     the ring all-reduce) from the flags, else --calibration (what `hpcdl bench
     calibrate --allreduce` measured), else (None, 0, None)."""
-    from ..sim.units import parse_beta
+    from ..sim.units import parse_beta  # on use: loads numpy
     cal = {}
     if args.calibration:
-        from ..sim.calibrate import load_calibration
+        from ..sim.calibrate import load_calibration  # on use: loads numpy
         cal = load_calibration(args.calibration)
     cores = args.cores_per_rank if args.cores_per_rank is not None else cal.get("cores_per_rank")
     cpb = (parse_beta(args.cpu_per_byte, "--cpu-per-byte") if args.cpu_per_byte is not None
@@ -240,7 +240,7 @@ def host_values(args):
 def scaled_to_measured(step, args, source):
     """step with forward, backward and optimizer scaled by one factor so that
     they add up to the --measured run's no-comm step."""
-    from ..sim import compare, terms
+    from ..sim import compare, terms  # on use: loads numpy
     if not args.measured:
         raise ValueError("--compute-from-measured needs --measured BENCH.json")
     nocomm = compare.measured_step(args.measured, impl="no-comm")[0]
@@ -253,7 +253,7 @@ def scaled_to_measured(step, args, source):
 
 
 def run_step(args):
-    from ..sim import compare, terms, terms_report
+    from ..sim import compare, terms, terms_report  # on use: loads numpy
     try:
         step, fab, source = step_inputs(args)
         gpus = parse_gpus(args.gpus)
@@ -286,7 +286,7 @@ def run_step(args):
 
 
 def run_records(args):
-    from ..sim import records
+    from ..sim import records  # on use: loads numpy
     try:
         rows = [records.predict(r) for r in records.load(args.file or records.PATH)]
     except ValueError as e:

@@ -8,8 +8,10 @@ templates in slurm/, filled in safely, submitted, and a sweep's scaling table.
 """
 import os
 import sys
+import json
 
 from .main import UsageError
+from .. import slurm
 
 # flag -> template variable; each is also `--set NAME=VALUE`
 RESOURCE_FLAGS = (("--nodes", "NODES", "N", "nodes"),
@@ -52,7 +54,6 @@ def _register_list(actions):
 
 
 def run_list(args):
-    from .. import slurm
     if args.template:
         t = _load(args.template)
         print("# %s (%s): %s" % (t.name, t.path, t.description))
@@ -74,7 +75,6 @@ def run_list(args):
 
 
 def _load(name):
-    from .. import slurm
     try:
         return slurm.load(name)
     except slurm.TemplateError as e:
@@ -134,7 +134,6 @@ def _split_at_dashes(parser):
 
 def rendered(args):
     """The script text for the parsed render/submit arguments; UsageError if bad."""
-    from .. import slurm
     try:
         values = slurm.parse_sets(args.sets)
         flags = {}
@@ -155,7 +154,6 @@ def run_render(args):
 
 
 def run_submit(args):
-    from .. import slurm
     script = rendered(args)  # every check first: nothing is written or submitted on error
     try:
         job = slurm.sbatch(script, save=args.save)
@@ -185,8 +183,6 @@ def _register_summary(actions):
 
 
 def run_summary(args):
-    import json
-    from .. import slurm
     try:
         runs, unfinished = slurm.collect(args.folder)
     except slurm.SummaryError as e:

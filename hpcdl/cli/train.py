@@ -25,6 +25,9 @@ from ..train.config import (LR_SCALING, MODES, OPTIMIZERS, PRECISIONS, RECIPES, 
 from ..utils.rankenv import torchrun_env
 from .main import UsageError
 from .run import add_launch_args
+from .. import comm, train
+from ..train import validate
+from ..train.stop import late_signals_noted
 
 # other spellings of a flag: --lr is the learning rate people type (issue 32)
 ALIASES = {"--base-lr": ("--lr",)}
@@ -192,6 +195,7 @@ def run(args):
         cfg = config_from_args(args)
     except ConfigError as e:
         raise UsageError(str(e))
+    # looked up on use: tests replace hpcdl.cli.run's launch and inside_parallel_job
     from .run import default_ranks, inside_parallel_job, launch, launch_options
     n = default_ranks(args.n)  # no -n in an sbatch script: the allocation's tasks
     if n is not None and not inside_parallel_job():
@@ -202,8 +206,6 @@ def run(args):
         # (checkpoint, exit 0), without mpirun ending the job under the checkpoint
         return launch(n, cmd, term_as=signal.SIGUSR1, **launch_options(args))
     _check(cfg, None, on_rank=True)  # before MPI starts: this rank's node may see other files
-    from .. import comm, train
-    from ..train.stop import late_signals_noted
     late_signals_noted()
     if args.n is not None and args.n != comm.size():
         comm.warn("-n %d ignored: this job has %d rank(s)" % (args.n, comm.size()))
@@ -220,7 +222,7 @@ def run(args):
 def prepare_data(spec):
     """Generated data (MNIST-1D) is made here, once, before the ranks start
     (hpcdl train -n and hpcdl bench large-batch -n)."""
-    from ..train.data import prepare
+    from ..train.data import prepare  # on use: loads numpy
     try:
         prepare(spec)
     except ConfigError as e:
@@ -231,7 +233,6 @@ def _check(cfg, size, on_rank=False):
     """UsageError naming every problem of cfg, one line each: its paths
     (validate.problems) and, given the rank count size, its values. on_rank:
     the lines start with the launcher's rank."""
-    from ..train import validate
     lines = []
     if size is not None:
         try:

@@ -30,6 +30,10 @@ import torch
 from .. import comm
 from . import build, checkpoint, data
 from .precision import LossScaler, autocast
+from .. import torch as hvd
+from ..optim.adascale import ScaleInvariantScheduler
+from ..utils.device import select_device
+from .errors import ConfigError
 
 
 def noise_scale_option(cfg):
@@ -41,7 +45,6 @@ def noise_scale_option(cfg):
 
 def pick_device():
     """One GPU per local rank when there are GPUs, else the CPU."""
-    from ..utils.device import select_device
     device = select_device()
     if device.type == "cpu":  # the node's cores are shared by its ranks: split threads
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.local_size()))
@@ -65,7 +68,6 @@ class AllReduce:
     def build(self, model, steps):
         """The local optimizer wrapped by DistributedOptimizer, its schedule,
         the fp16 loss scaler (its overflow decision agreed by every rank)."""
-        from .. import torch as hvd
         cfg = self.cfg
         self.model = model
         local = build.build_optimizer(cfg, model)
@@ -79,7 +81,6 @@ class AllReduce:
                                             adascale=cfg.global_batch / cfg.base_batch
                                             if adascale else False)
         if adascale:  # the base batch's schedule, read at the scale-invariant progress
-            from ..optim.adascale import ScaleInvariantScheduler
             base = build.build_schedule(cfg, self.opt, data.steps_per_epoch(
                 self.n_train, cfg.base_batch))
             self.base_total = base.plan["total_steps"]
@@ -90,7 +91,6 @@ class AllReduce:
 
     def start_fresh(self):
         """Rank 0's initial weights on every rank."""
-        from .. import torch as hvd
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
 
     def describe(self, ds):
@@ -146,7 +146,6 @@ class AllReduce:
     def end_epoch(self, run):
         """Batch-norm statistics are per rank: use rank 0's, as DDP does.
         Returns the record's extra fields."""
-        from .. import torch as hvd
         buffers = {k: v for k, v in self.model.named_buffers() if v.is_floating_point()}
         if buffers:
             hvd.broadcast_parameters(buffers, root_rank=0)
@@ -232,7 +231,6 @@ class AllReduce:
     def check_sharding(self, state):
         """A ConfigError (every rank alike, before anything is restored) when
         the checkpoint's state is sharded in a way this strategy cannot read."""
-        from .errors import ConfigError
         path = checkpoint.resumed_path(self.cfg)
         if "zero3" in state:  # sharded model: its files name the ranks and layout
             raise ConfigError("checkpoint %s holds a model sharded by --zero 3; resume it "

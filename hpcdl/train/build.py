@@ -7,6 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import models
+from .. import optim
+from ..optim import scale_lr
+from ..optim import warmup_schedule
+from ..torch import Compression
+from .errors import ConfigError
 
 
 def build_model(cfg, ds):
@@ -17,12 +22,10 @@ def build_model(cfg, ds):
                             hidden=cfg.hidden)
     if cfg.model == "cnn1d":  # flat rows (B, L) read as one-channel sequences
         if len(shape) != 1:
-            from .errors import ConfigError
             raise ConfigError("--model cnn1d takes flat sequences, but --data %s has samples "
                               "of shape %s; use --model mlp or a ResNet" % (cfg.data, shape))
         return models.build("cnn1d", shape[0], ds.num_classes)
     if ds.image_shape is None:
-        from .errors import ConfigError
         raise ConfigError("--model %s takes images, but --data %s has flat samples; use "
                           "--model mlp or image data" % (cfg.model, cfg.data))
     net = models.build(cfg.model, ds.image_shape, ds.num_classes)
@@ -34,7 +37,6 @@ def build_model(cfg, ds):
 def peak_lr(cfg):
     """base_lr scaled to the global batch by --lr-scaling (Goyal et al. 2017);
     adascale: base_lr, multiplied by each step's gain in the optimizer."""
-    from ..optim import scale_lr
     return scale_lr(cfg.base_lr, cfg.global_batch, base_batch=cfg.base_batch,
                     rule="none" if cfg.lr_scaling == "adascale" else cfg.lr_scaling)
 
@@ -46,14 +48,12 @@ def param_groups(cfg, model):
     --no-decay-bias-norm. None: one group, every parameter decayed."""
     if cfg.decays_bias_norm():
         return None
-    from .. import optim
     return optim.exclude_bias_and_norm(model, weight_decay=cfg.weight_decay)
 
 
 def build_optimizer(cfg, model, groups=None):
     """The local optimizer at the peak lr; DistributedOptimizer wraps it later.
     groups: param_groups() when made before the model changed (stage 3)."""
-    from .. import optim
     lr = peak_lr(cfg)
     groups = param_groups(cfg, model) if groups is None else groups
     params = model.parameters() if groups is None else groups
@@ -83,7 +83,6 @@ def train_loss(cfg, logits, y):
 def build_schedule(cfg, opt, steps_per_epoch):
     """Per-step LR scheduler: warmup from --warmup-start-lr (default: base_lr,
     Goyal et al.'s start) to the scaled lr, then constant / step / poly / cosine."""
-    from ..optim import warmup_schedule
     start = None
     if cfg.warmup_epochs > 0:
         start = min(cfg.base_lr if cfg.warmup_start_lr is None else cfg.warmup_start_lr,
@@ -95,7 +94,6 @@ def build_schedule(cfg, opt, steps_per_epoch):
 
 def build_compression(spec):
     """none | fp16 | bf16 | topk:RATIO -> a hpcdl.torch compressor."""
-    from ..torch import Compression
     if spec.startswith("topk:"):
         return Compression.topk(float(spec.split(":", 1)[1]))
     if spec in ("none", "fp16", "bf16"):

@@ -31,12 +31,17 @@ import atexit
 import datetime
 import os
 import socket
+import inspect
+
+from torch.nn.parallel import DistributedDataParallel
+import torch.distributed as dist
 
 from .. import comm
 from . import build, checkpoint
 from .allreduce import AllReduce
 from .errors import ConfigError
 from .precision import LossScaler, autocast
+from ..torch import distributed
 
 BACKENDS = ("gloo", "hpcdl")
 INIT_TIMEOUT = datetime.timedelta(minutes=5)
@@ -72,9 +77,7 @@ def process_group(backend):
     before hpcdl.comm shuts MPI down (atexit runs the later handler first)."""
     if backend in _GROUPS:
         return _GROUPS[backend]
-    import torch.distributed as dist
     if backend == "hpcdl":
-        from ..torch import distributed
         distributed.register()
     rendezvous_env()
     if not dist.is_initialized():
@@ -93,14 +96,12 @@ def no_buffer_sync(ddp_class):
     """DDP's option for buffers synced at construction only (not every
     forward): forward_sync_buffers=False since torch 2.13, which deprecates
     broadcast_buffers=False, its older spelling."""
-    import inspect
     if "forward_sync_buffers" in inspect.signature(ddp_class.__init__).parameters:
         return dict(forward_sync_buffers=False)
     return dict(broadcast_buffers=False)
 
 
 def _destroy():
-    import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
     _GROUPS.clear()
@@ -117,7 +118,6 @@ class DDP(AllReduce):
     def build(self, model, steps):
         """DDP around the model (its constructor broadcasts rank 0's parameters
         and buffers), the plain local optimizer, the schedule, the loss scaler."""
-        from torch.nn.parallel import DistributedDataParallel
         cfg = self.cfg
         self.model = model
         self.opt = build.build_optimizer(cfg, model)

@@ -35,7 +35,7 @@ class ParameterServer:
     def build(self, model, steps):
         """The PSTrainer (collective: rank 0's weights broadcast, a private
         communicator for the servers' messages) and the lr schedule."""
-        from ..ps import PSConfigError, PSTrainer
+        from ..ps import PSConfigError, PSTrainer  # on use: loads MPI
         cfg = self.cfg
         self.model = model
         try:

@@ -12,6 +12,7 @@ import sys
 import time
 
 import torch
+from tqdm import tqdm
 
 from .. import comm
 from ..utils.atomic import write_json
@@ -41,7 +42,6 @@ class Reporter:
         if not self.lead:
             return
         if sys.stderr.isatty():
-            from tqdm import tqdm
             self.bar = tqdm(total=steps, initial=done, desc="epoch %d/%d" % (epoch, self.cfg.epochs),
                             unit="step", leave=False, dynamic_ncols=True)
         self._last_plain = time.monotonic()
@@ -143,10 +143,10 @@ def plot_curves(metrics_path, png_path):
     """Loss, accuracy (train and test) and learning rate against epoch, under
     a title naming the run (its --out directory) and, from summary.json
     beside it when there, what ran."""
-    import matplotlib
+    import matplotlib  # on use: loads matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    import matplotlib.pyplot as plt  # on use: loads matplotlib
+    from matplotlib.ticker import MaxNLocator  # on use: loads matplotlib
     with open(metrics_path) as f:
         recs = [json.loads(line) for line in f if line.strip()]
     if not recs:

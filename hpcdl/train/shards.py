@@ -14,13 +14,14 @@ import torch
 
 from .. import comm
 from .errors import ConfigError
+from ..data import DataError, H5ShardDataset
+from ..data import collate
 
 
 class ShardSource:
     """Train and val splits of a shard directory (the interface of data.Dataset)."""
 
     def __init__(self, directory, workers=2, stage_to=None):
-        from ..data import DataError, H5ShardDataset
         try:
             self.train = H5ShardDataset(directory, "train", stage_to=stage_to)
             self.test = H5ShardDataset(directory, "val", stage_to=stage_to)
@@ -49,7 +50,6 @@ class ShardSource:
         return len(self.test)
 
     def _loader(self, ds, batches):
-        from ..data import collate
         return torch.utils.data.DataLoader(ds, batch_sampler=batches, num_workers=self.workers,
                                            collate_fn=collate)
 

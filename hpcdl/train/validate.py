@@ -88,7 +88,7 @@ def shard_dir(spec):
     directory (names and other paths are TrainConfig.check's to judge)."""
     if not spec or not os.path.isdir(spec):
         return None
-    from ..data.manifest import MANIFEST, DataError, Manifest
+    from ..data.manifest import MANIFEST, DataError, Manifest  # on use: loads numpy
     if not os.path.exists(os.path.join(spec, MANIFEST)):
         return ("--data %s has no %s: not a directory `hpcdl data shard` finished writing "
                 "(make one with `hpcdl data shard SOURCE --out %s --val-fraction 0.2`)"
