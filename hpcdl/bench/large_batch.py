@@ -59,8 +59,8 @@ import time
 from dataclasses import dataclass, field
 
 from .. import comm
-from ..train.config import load_recipe
-from ..train.config import with_recipe
+from ..train import TrainConfig, train
+from ..train.config import load_recipe, with_recipe
 
 AUTO = "auto"  # the batch of a --global-batch auto run (Options.auto)
 ALLREDUCE = "allreduce"  # hpcdl train's default --mode
@@ -245,7 +245,6 @@ def run_values(opts, recipe, batch, seed, out, mode=ALLREDUCE):
 
 def train_one(opts, recipe, batch, seed, out, mode=ALLREDUCE):
     """One training run, every rank together; rank 0 returns its epoch records."""
-    from ..train import TrainConfig, train
     train(TrainConfig(**run_values(opts, recipe, batch, seed, out, mode)))
     if comm.rank() != 0:
         return None
@@ -259,7 +258,6 @@ def check_after(opts, recipe, batch, seed, out, epochs, mode=ALLREDUCE):
     rank, an auto run (no single batch to estimate at), a mode other than
     allreduce (it measures no B_simple to check), or the run diverged
     (rank 0's epochs say)."""
-    from ..train import TrainConfig
     diverged = comm.bcast_object(
         epochs is not None and not all(math.isfinite(e["loss"]) for e in epochs))
     if (opts.offline_samples <= 0 or diverged or comm.size() < 2 or batch == AUTO

@@ -7,6 +7,7 @@ Slurm job, and runs the module in hpcdl/bench/ on the ranks.
 """
 import importlib
 import sys
+import traceback
 
 from .main import UsageError
 from .run import add_launch_args
@@ -307,8 +308,7 @@ def abort_on_error(run, opts):
     except EveryRankError as e:  # every rank has it: one line, no abort
         raise UsageError(str(e))
     except Exception:
-        import traceback
-        from mpi4py import MPI
+        from mpi4py import MPI  # here: the CLI imports no MPI until a benchmark runs
         if MPI.COMM_WORLD.size == 1:
             raise
         print("[rank %d] error: bench failed, aborting all ranks:\n%s"

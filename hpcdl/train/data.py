@@ -112,7 +112,6 @@ def prepare(spec):
         try:
             mnist1d.ensure(n)
         except DataError as e:
-            from .errors import ConfigError
             raise ConfigError(str(e))
 
 
