@@ -292,6 +292,10 @@ def test_resume_checks_auto_batch_and_adascale_from_one_read():
         (state(adascale={"x": 1}), {}, "with --lr-scaling adascale, this run is without it"),
         (state(), {"adascale": True}, "without --lr-scaling adascale, this run is with it"),
         (state(global_batch=128), {}, "--global-batch 128, this run has 64"),
+        (state(mode="ddp-gloo"), {"mode": "ddp-hpcdl"}, None),  # DDP's, either backend
+        (state(mode="ddp-gloo"), {}, "DDP checkpoints are not resumed by all-reduce runs"),
+        (state(), {"mode": "ddp-gloo"}, "all-reduce checkpoints are not resumed by DDP runs"),
+        (state(mode="ps-sync"), {"mode": "ddp-hpcdl"}, "parameter-server checkpoints are not"),
     ]
     for st, run, want in cases:
         got = checkpoint._mismatch("c.pt", st, dict(meta, **run))

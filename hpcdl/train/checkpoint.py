@@ -101,10 +101,10 @@ def _mismatch(path, state, meta):
         return "%s is not an hpcdl train checkpoint (format %d)" % (path, FORMAT)
     old = state["meta"]
     was = old.get("mode", meta["mode"])  # checkpoints before the mode was recorded
-    if (was == "allreduce") != (meta["mode"] == "allreduce"):  # replicas vs a server's state
+    if _family(was) != _family(meta["mode"]):
         return ("checkpoint %s was written by a run with --mode %s, this run has --mode %s; "
-                "an all-reduce and a parameter-server checkpoint hold different state: "
-                "resume with --mode %s" % (path, was, meta["mode"], was))
+                "%s checkpoints are not resumed by %s runs: resume with --mode %s"
+                % (path, was, meta["mode"], _family(was), _family(meta["mode"]), was))
     auto = state.get("goodput") is not None
     if auto != meta.get("auto_batch", False):
         return ("checkpoint %s was written by a run with a fixed --global-batch; resume it with "
@@ -130,6 +130,14 @@ def _mismatch(path, state, meta):
                 "--model %s here (%d tensors)" % (path, len(old["shapes"]), meta["model"],
                                                   len(meta["shapes"])))
     return None
+
+
+def _family(mode):
+    """The kind of state a --mode checkpoints: hpcdl's replicas, DDP's (either
+    backend: they resume each other's) or a parameter server's."""
+    if mode == "allreduce":
+        return "all-reduce"
+    return "DDP" if mode.startswith("ddp-") else "parameter-server"
 
 
 def _show(v):
