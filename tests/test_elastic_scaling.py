@@ -84,6 +84,11 @@ def test_rederive_keeps_the_global_or_the_local_batch():
     assert rescale.rederive("linear", 3, 8, target=16, local=8)["global_batch"] == 18
     sq = rescale.rederive("sqrt", 4, 8, target=16, local=8, keep="local")
     assert sq["lr_factor"] == 2.0
+    # AdaScale keeping the local batch: 4 ranks x 8 at base 32, then 3 ranks
+    # would give 24 < base (S 0.75); the local batch grows to keep S >= 1
+    low = rescale.rederive("adascale", 3, 32, target=32, local=8, keep="local")
+    assert (low["target"], low["local_batch"], low["global_batch"], low["scale"]) == \
+        (32, 11, 33, 33 / 32)
     # goodput without a step-time model yet: the target stays
     assert rescale.rederive("goodput", 3, 4, target=8, local=4)["global_batch"] == 9
     gpr = rescale.rederive("goodput", 3, 4, target=8, local=4, b_noise=3.26, step_time=STEP,

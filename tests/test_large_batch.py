@@ -106,7 +106,9 @@ def test_cli_refuses_bad_values_in_one_line(capsys):
                        (["--batches", "auto,64,auto"], "give auto once"),
                        (["--batches", "64,automatic"], "or the word auto"),
                        (["--target", "1.5"], "(0, 1]"), (["--epochs", "0"], "--epochs"),
-                       (["--offline-noise-scale", "-1"], "--offline-noise-scale")):
+                       (["--offline-noise-scale", "-1"], "--offline-noise-scale"),
+                       (["--batches", "auto,64", "--modes", "ddp-gloo"],
+                        "--batches auto runs with --mode allreduce only")):
         rc = main(["bench", "large-batch"] + argv)
         err = capsys.readouterr().err
         assert rc == 2 and text in err, (argv, rc, err)

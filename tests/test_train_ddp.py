@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from mpi_harness import REPO, run_python
+from mpi_harness import REPO, mpi_env, run_python
 from hpcdl.train.config import ConfigError, TrainConfig
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "mpi_scripts", "ddp_check.py")
@@ -42,7 +42,7 @@ def test_the_modes_are_accepted():
 def test_cli_refuses_before_launching():
     p = subprocess.run([sys.executable, "-m", "hpcdl", "train", "-n", "2", "--mode", "ddp-gloo",
                         "--compression", "bf16"], capture_output=True, text=True, cwd=REPO,
-                       timeout=60)
+                       env=mpi_env(), timeout=60)  # not "inside" a job an earlier test began
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == [
         "hpcdl: error: --compression bf16 is not supported with --mode ddp-gloo (DDP "
@@ -55,12 +55,17 @@ def _result(out):
 
 @pytest.mark.mpi
 def test_ddp_follows_hpcdl_and_one_process(tmp_path):
-    two = _result(run_python(2, SCRIPT, args=[str(tmp_path / "two")], timeout=300).stdout)
+    r = run_python(2, SCRIPT, args=[str(tmp_path / "two")], timeout=300)
+    two = _result(r.stdout)
     one = _result(run_python(1, SCRIPT, args=[str(tmp_path / "one"), "allreduce-fp32"],
                              timeout=180).stdout)["allreduce-fp32"]
     # a checkpoint of ddp-gloo after epoch 1 resumed by ddp-hpcdl: the 2-epoch run's weights
+    # (the sha alone could not tell a resume from a silent fresh start: the modes
+    # agree bit for bit on 2 ranks, so the run must also say it resumed)
     resume = two.pop("resume")
     assert resume["resumed"] == resume["whole"]
+    assert r.stdout.count("hpcdl train: resumed from %s at epoch 2 step 0"
+                          % (tmp_path / "two" / "ck" / "checkpoint.pt")) == 1, r.stdout
     assert [r["mode"] for r in two.values()] == ["allreduce", "ddp-gloo", "ddp-hpcdl",
                                                  "allreduce", "ddp-gloo"]
     assert [two[k]["ddp"] for k in ("ddp-gloo-fp32", "ddp-hpcdl-fp32")] == ["gloo", "hpcdl"]

@@ -32,11 +32,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from mpi4py import MPI
 
 from .. import comm
 from .allreduce import start_hpcdl_group
-from .train import Impl, interleaved, start
 from ..torch.distributed import ShardedEmbeddingBag
 from ..torch.distributed.sharded_embedding import init_table
 
@@ -181,6 +179,7 @@ BUILD = {"sharded": Sharded, "replicated": Replicated, "allgather": AllGather}
 # ---------------------------------------------------------------- measuring
 def check(opts, rows, group, mpi):
     """Largest difference between the methods after one step from the same start."""
+    from mpi4py import MPI  # on use: the launcher side imports Options and starts no MPI
     batch, weight = make_batch(opts, rows, mpi.rank, -1), loss_weight(opts, mpi.rank)
     outs, tables = {}, {}
     for m in opts.methods:
@@ -198,6 +197,8 @@ def check(opts, rows, group, mpi):
 def measure(opts, rows, group, mpi):
     """{method: (median step seconds, fastest step seconds, bytes sent per rank per step)},
     step times of the slowest rank, steps interleaved as in bench train."""
+    from mpi4py import MPI  # on use, as in check()
+    from .train import Impl, interleaved  # bench.train imports mpi4py.MPI at its top
     impls = {m: BUILD[m](opts, rows, group) for m in opts.methods}
     weight = loss_weight(opts, mpi.rank)
     data = ((make_batch(opts, rows, mpi.rank, step), weight)
@@ -208,6 +209,7 @@ def measure(opts, rows, group, mpi):
 
 
 def run(opts):
+    from .train import start  # on use, as in measure()
     world, job, threads = start(opts)
     mpi = world.mpi
     group = start_hpcdl_group()

@@ -106,7 +106,7 @@ def fit_steps(points):
         return None
     xs = [1.0 / b for b, _ in points]
     ys = [float(s) for _, s in points]
-    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     c = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     a = my - c * mx

@@ -112,6 +112,9 @@ def options(args):
     if not modes:
         raise UsageError("--modes: give at least one hpcdl train --mode, e.g. "
                          "allreduce,ddp-gloo")
+    if auto and "allreduce" not in modes:  # auto runs only with hpcdl's own all-reduce
+        raise UsageError("--batches auto runs with --mode allreduce only: add allreduce to "
+                         "--modes (e.g. --modes allreduce,%s)" % modes[0])
     return Options(batches=batches, auto=auto, recipes=recipes, modes=modes,
                    seeds=seeds, epochs=args.epochs, data=args.data, model=args.model,
                    target=args.target, target_drop=args.target_drop,

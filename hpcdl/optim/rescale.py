@@ -88,6 +88,8 @@ def rederive(rule, ranks, base_batch, target, local, accum=1, keep="global", b_n
         target, table = pick(b_noise, base_batch, step_time, ranks, ceiling or target, accum)
     elif keep == "local" and rule != "goodput":
         target = ranks * local * accum
+        if rule == "adascale":  # its scale S = global / base must stay >= 1:
+            target = max(target, base_batch)  # fewer ranks take larger local batches
     local, global_batch = split(target, ranks, accum)
     return dict(target=target, local_batch=local, global_batch=global_batch,
                 lr_factor=lr_factor(rule, global_batch, base_batch),

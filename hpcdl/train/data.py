@@ -133,7 +133,6 @@ def load(spec, seed=0, test_fraction=0.2, **shard_options):
 
 def _load_digits(seed, test_fraction):
     # scikit-learn ships the 1,797 8x8 digit images: nothing to download
-    import torch  # on use: loads torch
     from sklearn.datasets import load_digits  # on use: loads sklearn
     x, y = load_digits(return_X_y=True)
     train, test = stratified_split(y, test_fraction, seed)

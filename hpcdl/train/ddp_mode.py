@@ -156,10 +156,11 @@ class DDP(AllReduce):
         return dict(super().finish(), ddp_backend=self.backend)
 
     def load_state_dict(self, state):
-        """A checkpoint of whole replicas (DDP's or, by checkpoint.py's mode
-        check, no allreduce one); a parameter server's state is refused."""
-        was = state.get("meta", {}).get("mode", "")
+        """A checkpoint of whole replicas (DDP's: checkpoint.py refuses other
+        modes' by the mode they record); one from before modes were recorded
+        that holds no model is a parameter server's, refused here."""
         if "model" not in state:
-            raise ConfigError("checkpoint %s was written by --mode %s; resume it with --mode %s"
-                              % (checkpoint.resumed_path(self.cfg), was, was))
+            raise ConfigError("checkpoint %s holds no whole model (a parameter server's, from "
+                              "an hpcdl that did not record --mode); resume it with its --mode "
+                              "ps-*" % checkpoint.resumed_path(self.cfg))
         super().load_state_dict(state)

@@ -70,8 +70,8 @@ def load():
         return sharded.read_shard(path, manifest, 0, weights_only=False)["payload"]
     except (ValueError, KeyError) as e:
         raise RuntimeError("elastic: cannot read the last commit %s (%s); delete it to start "
-                           "from the commit before, or HPCDL_ELASTIC_DIR's commits to start "
-                           "from scratch" % (path, e)) from None
+                           "from scratch (each commit removes the ones before it; a legacy "
+                           "state.pt, if any, is read then)" % (path, e)) from None
 
 
 def _load_legacy(path):
