@@ -23,7 +23,6 @@ Manifests of format 1 (ZeRO's before this module; no kind, no sizes or
 checksums) are read as before.
 """
 import hashlib
-import io
 import json
 import os
 import re
@@ -57,14 +56,35 @@ def write_shard(directory, rank, ranks, save, part):
     path = os.path.join(directory, name)
     try:
         os.makedirs(directory, exist_ok=True)
-        buf = io.BytesIO()
-        torch.save(dict(part, rank=rank, ranks=ranks, save=save), buf)
-        data = buf.getbuffer()
         with atomic_open(path) as f:
-            f.write(data)
-        return {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            out = _Hashing(f)  # streamed: no second copy of a large shard in memory
+            torch.save(dict(part, rank=rank, ranks=ranks, save=save), out)
+        return {"file": name, "bytes": out.size, "sha256": out.sha.hexdigest()}
     except Exception as e:  # noqa: BLE001 - every rank must agree on any failure
         raise OSError("could not write %s: %s" % (path, quote(str(e)))) from None
+
+
+class _Hashing:
+    """A write-only file that passes bytes on and keeps their count and sha256."""
+
+    def __init__(self, f):
+        self.f, self.size, self.sha = f, 0, hashlib.sha256()
+
+    def write(self, data):
+        self.sha.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
+def _file_sha256(path, chunk=1 << 20):
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            sha.update(block)
+    return sha.hexdigest()
 
 
 def write_manifest(directory, kind, save, entries, **fields):
@@ -131,15 +151,13 @@ def read_shard(directory, manifest, rank, weights_only=True):
                           "%s); copy it again from where it was written, or load another "
                           "checkpoint" % (directory, name, why))
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        size = os.path.getsize(path)
     except OSError as e:
         raise damaged("%s: %s" % (type(e).__name__, quote(str(e)))) from None
-    if "bytes" in manifest and len(data) != manifest["bytes"][rank]:
-        raise damaged("size: %d bytes, the manifest says %d." % (len(data),
-                                                                 manifest["bytes"][rank]))
-    try:
-        part = torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
+    if "bytes" in manifest and size != manifest["bytes"][rank]:
+        raise damaged("size: %d bytes, the manifest says %d." % (size, manifest["bytes"][rank]))
+    try:  # from the file itself: no second copy of a large shard in memory
+        part = torch.load(path, map_location="cpu", weights_only=weights_only)
     except Exception as e:  # noqa: BLE001 - torch/zip/pickle errors of a damaged file
         raise damaged("%s: %s" % (type(e).__name__, quote(str(e)))) from None
     part = part if isinstance(part, dict) else {}
@@ -150,7 +168,7 @@ def read_shard(directory, manifest, rank, weights_only=True):
                          "from another save); put the right file back or resume from another "
                          "checkpoint" % (directory, name, got[0], got[1], got[2], rank,
                                          manifest["ranks"], manifest.get("save")))
-    if "sha256" in manifest and hashlib.sha256(data).hexdigest() != manifest["sha256"][rank]:
+    if "sha256" in manifest and _file_sha256(path) != manifest["sha256"][rank]:
         raise damaged("checksum: its sha256 differs from the manifest's.")
     return part
 
