@@ -46,6 +46,14 @@ class StepTime:
     def __call__(self, local_batch, accum=1):
         return accum * (self.a + self.c * local_batch) + self.comm
 
+    @classmethod
+    def fit(cls, passes, step_s, local_batch, accum=1):
+        """From passes = [(local batch, seconds of one forward+backward)] (a + c L
+        is their least-squares line) and one measured step at local_batch x
+        accum: comm is what the step took beyond its passes."""
+        a, c = fit_line(passes)
+        return cls(a, c, max(step_s - accum * (a + c * local_batch), 0.0))
+
     def state_dict(self):
         return dict(a=self.a, c=self.c, comm=self.comm)
 
@@ -71,15 +79,22 @@ def candidates(ranks, base_batch, ceiling, max_local=None):
     the smallest power of two that keeps L <= max_local (None: k = 1)."""
     if base_batch % ranks:
         raise ValueError("base batch %d does not divide by %d ranks" % (base_batch, ranks))
-    out, m = [], base_batch
-    while m == base_batch or m <= ceiling:
+    out = []
+    for m in doublings(base_batch, ceiling):
         k = 1
         while max_local is not None and m // (ranks * k) > max_local and \
                 (m // ranks) % (2 * k) == 0:
             k *= 2
         out.append((m, m // (ranks * k), k))
-        m *= 2
     return out
+
+
+def doublings(base_batch, ceiling):
+    """base_batch x 2^i up to ceiling; base_batch always, even above it."""
+    m = base_batch
+    while m == base_batch or m <= ceiling:
+        yield m
+        m *= 2
 
 
 def table(b_noise, base_batch, step_time, cands):

@@ -57,12 +57,11 @@ def candidates(ranks, base_batch, ceiling, accum=1):
     up to ceiling (the base batch always), each split over ranks (M rounded
     up to a multiple of ranks x accum); a target whose M repeats the one
     before is left out."""
-    out, target = [], base_batch
-    while target == base_batch or target <= ceiling:
+    out = []
+    for target in gp.doublings(base_batch, ceiling):
         local, m = split(target, ranks, accum)
         if not out or m > out[-1][1][0]:
             out.append((target, (m, local, accum)))
-        target *= 2
     return out
 
 

@@ -94,10 +94,9 @@ class AutoBatch:
         locals_ = sorted({local for _, local, _ in self.cands})
         # the mean over ranks, so every rank fits the same line
         secs = [s / self.ranks for s in global_sums(*(self.probe(local) for local in locals_))]
-        a, c = gp.fit_line(list(zip(locals_, secs)))
-        current = self.cfg.global_batch // self.ranks
         step_s = global_sums(step_s)[0] / self.ranks
-        return gp.StepTime(a, c, max(step_s - (a + c * current), 0.0))
+        return gp.StepTime.fit(list(zip(locals_, secs)), step_s,
+                               self.cfg.global_batch // self.ranks)
 
     def probe(self, local):
         """Seconds of one forward+backward of a fresh model copy at `local`

@@ -115,9 +115,7 @@ class BatchScaling:
         step_seconds = a measured step at the current batch (comm = the rest).
         Give every rank the same numbers (e.g. averaged over ranks): the rule's
         choice must be the same everywhere. Returns the StepTime."""
-        a, c = gp.fit_line(passes)
-        compute = self.accum * (a + c * self.local_batch)
-        self.step_time = gp.StepTime(a, c, max(step_seconds - compute, 0.0))
+        self.step_time = gp.StepTime.fit(passes, step_seconds, self.local_batch, self.accum)
         return self.step_time
 
     # ------------------------------------------------------------ changes
