@@ -68,3 +68,13 @@ def test_auto_changes_the_batch_and_resumes_exactly(tmp_path):
     assert res["batches"][1:] == res["next"][:-1]
     assert len(res["batches"]) >= 3, res  # the kept checkpoint is mid-run: B trains
     assert res["a"] == res["b"], out  # params_sha256, steps, final batch
+    # --repick-steps 10: the model is measured at step 10 of epoch 1, the batch
+    # changes within an epoch (logged with its table), and a run resumed 3
+    # steps after that change ends as the uninterrupted one
+    assert set(res["c_model"]) == {"a", "c", "comm"}, res
+    within = [ch for epoch in res["within"] for ch in epoch]
+    assert within and within[0]["step"] % 10 == 0 and within[0]["global_batch"] == 32, res
+    for ch in within:
+        assert ch["next_global_batch"] != ch["global_batch"], res
+        assert sorted(r["global_batch"] for r in ch["goodput"]) == [32, 64, 128], res
+    assert res["c"] == res["d"], out

@@ -48,9 +48,12 @@ OPTIONS = (
     ("--epochs", "epochs", int, "passes over the training set"),
     ("--global-batch", "global_batch", "batch", "samples per step over all ranks; a "
                                                 "multiple of the rank count; auto: re-picked "
-                                                "each epoch for goodput (docs/goodput.md)"),
+                                                "as it trains for goodput (docs/goodput.md)"),
     ("--max-global-batch", "max_global_batch", int, "the largest batch --global-batch auto "
                                                     "picks (default 16 x --base-batch)"),
+    ("--repick-steps", "repick_steps", int, "--global-batch auto re-picks every this many "
+                                            "steps within an epoch, and at its end (0: at "
+                                            "epoch ends only; default 200)"),
     ("--optimizer", "optimizer", str, "optimizer: " + ", ".join(OPTIMIZERS)),
     ("--base-lr", "base_lr", float, "learning rate at --base-batch samples"),
     ("--base-batch", "base_batch", int, "the batch --base-lr is meant for"),

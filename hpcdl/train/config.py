@@ -54,6 +54,7 @@ class TrainConfig:
     global_batch: int = 128       # samples per step over all ranks, split evenly; "auto":
                                   # re-picked per epoch for goodput (docs/goodput.md)
     max_global_batch: int = None  # the ceiling of --global-batch auto (default 16 x base_batch)
+    repick_steps: int = 200  # --global-batch auto also re-picks every this many steps (0: epoch ends only)
     optimizer: str = "sgd"
     base_lr: float = 0.1          # the lr at base_batch; --lr-scaling scales it to global_batch
     base_batch: int = 256
@@ -226,6 +227,9 @@ class TrainConfig:
                 raise ConfigError("--max-global-batch is the ceiling of --global-batch auto; "
                                   "give --global-batch auto or leave it out")
             return
+        if self.repick_steps < 0:
+            raise ConfigError("--repick-steps %d: give 0 (re-pick only at epoch ends) or a "
+                              "positive step count" % self.repick_steps)
         if self.lr_scaling != "adascale":
             raise ConfigError("--global-batch auto takes its lr from AdaScale: use "
                               "--lr-scaling adascale (or none), not %s" % self.lr_scaling)

@@ -186,7 +186,7 @@ def steps_per_epoch(n, global_batch):
     return n // global_batch
 
 
-def epoch_shard(n, global_batch, rank, size, seed, epoch):
+def epoch_shard(n, global_batch, rank, size, seed, epoch, start=0):
     """Indices rank reads in epoch: an int64 array (steps, L), row s = its part of step s.
 
     Every rank draws the same permutation of range(n), seeded by (seed, epoch),
@@ -194,13 +194,17 @@ def epoch_shard(n, global_batch, rank, size, seed, epoch):
     contiguous L-sample slice of each. So within an epoch ranks read disjoint
     samples, all make the same number of steps, and together they read exactly
     the batches one process would with the same G and seed.
+
+    start: samples of the permutation already read this epoch at another
+    batch (--global-batch auto re-picks within an epoch, train/goodput.py);
+    the rest of it is cut at G (a remainder under G is left out, as at 0).
     """
     if global_batch % size:
         raise ValueError("global batch %d does not divide by %d ranks" % (global_batch, size))
     local = global_batch // size
-    steps = steps_per_epoch(n, global_batch)
+    steps = steps_per_epoch(n - start, global_batch)
     perm = np.random.default_rng([seed, epoch]).permutation(n)
-    batches = perm[:steps * global_batch].reshape(steps, size, local)
+    batches = perm[start:start + steps * global_batch].reshape(steps, size, local)
     return np.ascontiguousarray(batches[:, rank, :])
 
 

@@ -1,21 +1,24 @@
-"""goodput.py - `hpcdl train --global-batch auto` (docs/goodput.md): at the end of
-every epoch the global batch of the next one is re-picked to maximise goodput
-(hpcdl/optim/goodput.py) from the running gradient noise scale B_simple and a
-step-time model; the lr follows by AdaScale (its scale set to batch / base).
+"""goodput.py - `hpcdl train --global-batch auto` (docs/goodput.md): every
+--repick-steps steps within an epoch and at each epoch's end the global batch is
+re-picked to maximise goodput (hpcdl/optim/goodput.py) from the running
+gradient noise scale B_simple and a step-time model; the lr follows by
+AdaScale (its scale set to batch / base).
 
-The step-time model t(L) = a + c L + comm is measured once, at the end of the
-first epoch: a + c L fitted to forward+backward times of a fresh copy of the
+The step-time model t(L) = a + c L + comm is measured once, at the first
+re-pick (--repick-steps steps into the first epoch, or its end if it is
+shorter): a + c L fitted to forward+backward times of a fresh copy of the
 model at the candidates' local batches (the mean over ranks, so every rank
-fits the same line), comm = the epoch's measured step time less the fitted
-compute at its local batch. It is then kept (and checkpointed): later choices
-depend only on B_simple, the same on every rank and in a resumed run.
+fits the same line), comm = the measured mean step time so far less the
+fitted compute at its local batch. It is then kept (and checkpointed): later
+choices depend only on B_simple, the same on every rank and in a resumed run.
 
-Changing the batch from G to G' (local L to L'): the data shard of the next
-epoch is cut at G' (data.epoch_shard reads cfg.global_batch), AdaScale's
-scale becomes G' / base batch, and the noise scale's smoothed per-step
-variance, kept in units of one rank's step, is rescaled by L / L'. The rank
-count is fixed, and so is accumulation (k = 1: DistributedOptimizer's passes
-per step are set when it is built).
+Changing the batch from G to G' (local L to L'): the rest of the epoch's
+permutation (or the next epoch's) is cut at G' (data.epoch_shard reads
+cfg.global_batch and the samples already read), AdaScale's scale becomes
+G' / base batch, and the noise scale's smoothed per-step variance, kept in
+units of one rank's step, is rescaled by L / L'. The rank count is fixed, and
+so is accumulation (k = 1: DistributedOptimizer's passes per step are set
+when it is built).
 """
 import time
 
@@ -34,7 +37,8 @@ PROBE_REPEATS = 3       # timed forward+backward passes per local batch (after o
 
 
 class AutoBatch:
-    """The batch choice of one run (trainer.py calls it at each epoch's end)."""
+    """The batch choice of one run (trainer.py calls it every --repick-steps
+    steps within an epoch and at each epoch's end)."""
 
     def __init__(self, cfg, strategy, ds):
         self.cfg, self.strategy, self.ds = cfg, strategy, ds
@@ -42,41 +46,78 @@ class AutoBatch:
         ceiling = cfg.max_global_batch or CEILING_OVER_BASE * cfg.base_batch
         self.ceiling = min(ceiling, ds.n_train)
         self.cands = gp.candidates(self.ranks, cfg.base_batch, self.ceiling)
-        self.model = None   # gp.StepTime, measured at the end of the first epoch
+        self.model = None   # gp.StepTime, measured at the first re-pick
         self.changes = 0
+        self.within = []    # this epoch's changes within it, for its record
+        self.measured = False  # the model was measured this epoch (for its record)
 
     def describe(self):
-        return ("global batch auto: one of %s (base %d, ceiling %d), re-picked at each "
-                "epoch's end for the largest predicted goodput; lr by AdaScale"
+        every = self.cfg.repick_steps
+        when = ("every %d steps and at each epoch's end" % every if every
+                else "at each epoch's end")
+        return ("global batch auto: one of %s (base %d, ceiling %d), re-picked %s for the "
+                "largest predicted goodput; lr by AdaScale"
                 % (",".join(str(m) for m, _, _ in self.cands), self.cfg.base_batch,
-                   self.ceiling))
+                   self.ceiling, when))
 
     # ------------------------------------------------------------ the choice
+    def due(self, step, steps):
+        """Whether to re-pick after step `step` of the `steps` the epoch has at
+        this batch (counted since the last change; not at the epoch's end,
+        where end_epoch does). The same on every rank. Why every 200 steps by
+        default: B_simple is smoothed over about the last 100, so 200 rest on
+        fresh statistics, and waiting for the first epoch's end at the base
+        batch cost 5-7 s of an 11-14 s run (benchmarks/large-batch.md)."""
+        every = self.cfg.repick_steps
+        return every > 0 and step % every == 0 and step < steps
+
+    def within_epoch(self, epoch, global_step, step_s):
+        """A re-pick within the epoch, after global_step steps whose mean time
+        so far is step_s (this rank's). True when the batch changed: the
+        trainer then cuts the rest of the epoch at the new batch. Collective
+        the first time (the step-time model is measured)."""
+        if self.model is None:
+            self.set_model(step_s)
+        old = self.cfg.global_batch
+        rows, pick, b_noise = self.choose("step %d (epoch %d)" % (global_step, epoch))
+        if pick == old:
+            return False
+        self.within.append(dict(step=global_step, global_batch=old, next_global_batch=pick,
+                                b_simple=b_noise, goodput=_record(rows)))
+        return True
+
     def end_epoch(self, epoch, dt, seen):
         """After an epoch of dt seconds (mean over ranks) over seen samples (all
         ranks): the record's fields, and the next epoch's batch applied.
-        Collective (the first time: the probe's times are averaged)."""
-        cfg, fields = self.cfg, {"global_batch": self.cfg.global_batch}
+        Collective if the model is still to be measured."""
+        fields = {"global_batch": self.cfg.global_batch}
         if self.model is None:
-            steps = max(1, round(seen / cfg.global_batch))
-            self.model = self.measure(dt / steps)
+            self.set_model(dt / max(1, round(seen / self.cfg.global_batch)))
+        if self.measured:
             fields["step_time_model"] = self.model.state_dict()
+        if self.within:
+            fields["changes_within"] = self.within
+        self.within, self.measured = [], False
+        rows, pick, _ = self.choose("epoch %d" % epoch)
+        fields.update(goodput=_record(rows), next_global_batch=pick)
+        return fields
+
+    def choose(self, where):
+        """(the goodput table, the pick, B_simple) now; the pick applied, and
+        a line printed, when it changes the batch."""
+        cfg = self.cfg
         b_noise = self.strategy.b_simple()
         rows = gp.table(b_noise, cfg.base_batch, self.model, self.cands)
         pick = gp.best(rows)["global_batch"]
-        fields["goodput"] = [dict(global_batch=r["global_batch"], step_time_s=r["step_time_s"],
-                                  efficiency=r["efficiency"], goodput=r["goodput"])
-                             for r in rows]
-        fields["next_global_batch"] = pick
         if pick != cfg.global_batch:
-            comm.print0("hpcdl train: epoch %d: global batch %d -> %d (B_simple %s; predicted "
-                        "goodput %s)" % (epoch, cfg.global_batch, pick,
+            comm.print0("hpcdl train: %s: global batch %d -> %d (B_simple %s; predicted "
+                        "goodput %s)" % (where, cfg.global_batch, pick,
                                          "%.4g" % b_noise if b_noise else "not measured",
                                          ", ".join("%d: %.0f" % (r["global_batch"],
                                                                  r["goodput"]) for r in rows)))
             self.apply(pick)
             self.changes += 1
-        return fields
+        return rows, pick, b_noise
 
     def apply(self, batch):
         """The next steps take global batch `batch` (see the module docstring)."""
@@ -89,6 +130,9 @@ class AutoBatch:
         self.cfg.global_batch = batch
 
     # ------------------------------------------------------------ the step-time model
+    def set_model(self, step_s):
+        self.model, self.measured = self.measure(step_s), True
+
     def measure(self, step_s):
         """StepTime from the probe and the measured step time (collective)."""
         locals_ = sorted({local for _, local, _ in self.cands})
@@ -124,7 +168,8 @@ class AutoBatch:
     # ------------------------------------------------------------ checkpoints
     def state_dict(self):
         return dict(global_batch=self.cfg.global_batch, changes=self.changes,
-                    model=self.model.state_dict() if self.model else None)
+                    model=self.model.state_dict() if self.model else None,
+                    within=self.within, measured=self.measured)
 
     def adopt(self, state):
         """The checkpoint's chosen batch becomes this run's, before the strategy's
@@ -137,5 +182,12 @@ class AutoBatch:
         g = state["goodput"]
         self.changes = g["changes"]
         self.model = gp.StepTime(**g["model"]) if g["model"] else None
+        self.within, self.measured = g.get("within", []), g.get("measured", False)
         self.strategy.adascale().progress.scale = check_scale(
             self.cfg.global_batch / self.cfg.base_batch)
+
+
+def _record(rows):
+    """The goodput table as metrics.jsonl keeps it."""
+    return [dict(global_batch=r["global_batch"], step_time_s=r["step_time_s"],
+                 efficiency=r["efficiency"], goodput=r["goodput"]) for r in rows]

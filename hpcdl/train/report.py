@@ -39,8 +39,11 @@ class Reporter:
 
     # ------------------------------------------------------------ progress
     def start_epoch(self, epoch, steps, done):
+        """Also within an epoch, when --global-batch auto cut its rest anew."""
         if not self.lead:
             return
+        if self.bar is not None:
+            self.bar.close()
         if sys.stderr.isatty():
             self.bar = tqdm(total=steps, initial=done, desc="epoch %d/%d" % (epoch, self.cfg.epochs),
                             unit="step", leave=False, dynamic_ncols=True)

@@ -139,7 +139,8 @@ class Run:
     model: torch.nn.Module
     strategy: object            # how gradients meet and state is saved (see above)
     epoch: int = 1              # the epoch in progress (1-based)
-    step_in_epoch: int = 0      # steps of it already taken
+    epoch_start: int = 0        # samples of it read before a batch change within it (auto)
+    step_in_epoch: int = 0      # steps of it taken since epoch_start
     global_step: int = 0
     sums: dict = field(default_factory=lambda: zero_sums())  # this rank's, of the epoch
     train_time: float = 0.0     # seconds in completed epochs' training loops
@@ -211,6 +212,7 @@ def resume_or_start(run):
     pos = state["position"]
     run.epoch, run.step_in_epoch, run.global_step = (
         pos["epoch"], pos["step_in_epoch"], pos["global_step"])
+    run.epoch_start = pos.get("epoch_start", 0)  # absent before re-picks within an epoch
     run.sums = dict(state.get("sums", zero_sums()))
     run.train_time, run.train_samples = state["train_time"], state["train_samples"]
     run.eval_time, run.target = state.get("eval_time", 0.0), state.get("target")
@@ -226,7 +228,7 @@ def state_of(run):
         "format": checkpoint.FORMAT,
         "meta": checkpoint.meta_of(run.cfg, run.model),
         "position": {"epoch": run.epoch, "step_in_epoch": run.step_in_epoch,
-                     "global_step": run.global_step},
+                     "global_step": run.global_step, "epoch_start": run.epoch_start},
         "sums": dict(run.sums), "train_time": run.train_time,
         "train_samples": run.train_samples, "eval_time": run.eval_time,
         "target": run.target,
@@ -257,27 +259,36 @@ def stopped(run, signum):
 
 
 # ---------------------------------------------------------------- one epoch
+REPICKED = -1  # train_steps: --global-batch auto changed the batch within the epoch
+
+
 def train_epoch(run, reporter, stop):
     """The rest of run.epoch's steps, by the strategy. Returns the signal
     number if the ranks agreed to stop before the epoch ended, else 0."""
     cfg, strategy = run.cfg, run.strategy
-    rows = data.epoch_shard(run.ds.n_train, cfg.global_batch, strategy.data_rank,
-                            strategy.data_ranks, cfg.seed, run.epoch)
-    reporter.start_epoch(run.epoch, len(rows), run.step_in_epoch)
     t0 = time.perf_counter()
     try:
-        if hasattr(strategy, "train_round"):
-            return train_round(run, rows, reporter, stop)
-        return train_steps(run, rows, reporter, stop)
+        while True:  # more than once when --global-batch auto re-picks within the epoch
+            rows = data.epoch_shard(run.ds.n_train, cfg.global_batch, strategy.data_rank,
+                                    strategy.data_ranks, cfg.seed, run.epoch, run.epoch_start)
+            reporter.start_epoch(run.epoch, len(rows), run.step_in_epoch)
+            if hasattr(strategy, "train_round"):
+                return train_round(run, rows, reporter, stop)
+            signum = train_steps(run, rows, reporter, stop)
+            if signum != REPICKED:
+                return signum
     finally:
         run.sums["time"] += time.perf_counter() - t0
 
 
 def train_steps(run, rows, reporter, stop):
     """The rest of the epoch's steps, stopping before any of them when the
-    ranks agree to, or mid-epoch when the run is over (AdaScale's progress)."""
+    ranks agree to, or mid-epoch when the run is over (AdaScale's progress).
+    REPICKED when --global-batch auto changed the batch after a step: the
+    rest of the epoch's samples are then cut at the new batch."""
     run.strategy.start_epoch()
     batches = run.ds.train_batches(rows[run.step_in_epoch:])
+    t0, taken = time.perf_counter(), 0
     for s in range(run.step_in_epoch, len(rows)):
         if finished(run):
             break
@@ -287,7 +298,24 @@ def train_steps(run, rows, reporter, stop):
         x, y = next(batches)
         loss_sum, correct = run.strategy.train_step(x, y)
         run.step_done(s, loss_sum, correct, len(y), reporter)
+        taken += 1
+        if run.auto is not None and run.auto.due(s + 1, len(rows)) and repick(
+                run, (time.perf_counter() - t0) / taken):
+            batches.close()
+            return REPICKED
     return 0
+
+
+def repick(run, step_s):
+    """--global-batch auto's choice within the epoch (collective the first
+    time: the step-time model is measured from step_s, the mean step time so
+    far); True when the batch changed."""
+    old = run.cfg.global_batch
+    if not run.auto.within_epoch(run.epoch, run.global_step, step_s):
+        return False
+    run.epoch_start += run.step_in_epoch * old
+    run.step_in_epoch = 0
+    return True
 
 
 def train_round(run, rows, reporter, stop):
@@ -338,7 +366,7 @@ def end_epoch(run, reporter):
     run.train_time += dt
     run.train_samples += int(seen)
     reach_target(run, test_acc)
-    run.epoch, run.step_in_epoch = run.epoch + 1, 0
+    run.epoch, run.step_in_epoch, run.epoch_start = run.epoch + 1, 0, 0
     run.sums = zero_sums()
     return rec
 

@@ -6,6 +6,9 @@ after epoch 2 (the batch already re-picked at epoch 1's end) is kept. Run B
 resumes from that copy. Rank 0 prints one line 'RESULT {json}': both
 summaries' params_sha256, steps and final global batch, and A's per-epoch
 batches, for the test to compare (exact resume: the same params_sha256).
+A and B re-pick at epoch ends only (--repick-steps 0); C re-picks every 10
+steps as well and keeps a checkpoint 3 steps after its first change within
+an epoch, from which D resumes (the same params_sha256 as C).
 """
 import json
 import os
@@ -29,6 +32,22 @@ def save_and_keep(run):
 
 
 trainer.save_checkpoint = save_and_keep
+MID = os.path.join(scratch, "mid-epoch")  # run C's checkpoint dir, 3 steps after a change within
+step_done, kept_mid = trainer.Run.step_done, []
+
+
+def step_done_and_keep(run, *args):
+    """Run C: a checkpoint 3 steps after the first change of the batch within
+    an epoch (every rank saves at the same step; rank 0 copies the directory)."""
+    step_done(run, *args)
+    if run.cfg.repick_steps and run.epoch_start and run.step_in_epoch == 3 and not kept_mid:
+        kept_mid.append(trainer.save_checkpoint(run))
+        if comm.rank() == 0:
+            shutil.copytree(run.cfg.checkpoint_dir, MID)
+        comm.barrier()
+
+
+trainer.Run.step_done = step_done_and_keep
 
 
 def config(name, **extra):
@@ -37,14 +56,25 @@ def config(name, **extra):
                        out=os.path.join(scratch, "out-" + name), **extra)
 
 
-a = train(config("a"))
-b = train(config("b", resume=KEEP))
+def records(name):
+    with open(os.path.join(scratch, "out-" + name, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def ending(summary):
+    return [summary["params_sha256"], summary["steps"], summary["global_batch"]]
+
+
+a = train(config("a", repick_steps=0))
+b = train(config("b", repick_steps=0, resume=KEEP))
+c = train(config("c", repick_steps=10))  # re-picks within epochs too
+d = train(config("d", repick_steps=10, resume=os.path.join(MID, "checkpoint.pt")))
 if comm.rank() == 0:
-    with open(os.path.join(scratch, "out-a", "metrics.jsonl")) as f:
-        recs = [json.loads(line) for line in f]
+    recs = records("a")
     print("RESULT " + json.dumps(dict(
-        a=[a["params_sha256"], a["steps"], a["global_batch"]],
-        b=[b["params_sha256"], b["steps"], b["global_batch"]],
+        a=ending(a), b=ending(b), c=ending(c), d=ending(d),
         batches=[r["global_batch"] for r in recs],
         next=[r["next_global_batch"] for r in recs],
-        goodput=recs[0]["goodput"], model=recs[0].get("step_time_model"))))
+        goodput=recs[0]["goodput"], model=recs[0].get("step_time_model"),
+        within=[r.get("changes_within", []) for r in records("c")],
+        c_model=records("c")[0].get("step_time_model"))))
