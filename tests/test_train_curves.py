@@ -1,6 +1,7 @@
 """test_train_curves.py - curves.png from metrics.jsonl (hpcdl/train/report.py
-plot_curves): B_simple and, with --lr-scaling adascale, the AdaScale gain get
-panels of their own holding the records' values; runs without them get none."""
+plot_curves): B_simple, with --lr-scaling adascale the AdaScale gain, and with
+--global-batch auto the global batch get panels of their own holding the
+records' values; runs without them get none."""
 import json
 import math
 
@@ -51,3 +52,12 @@ def test_no_gain_no_gain_panel(tmp_path, monkeypatch, extra, panels):
     """One rank (no B_simple) and plain all-reduce (B_simple, no gain)."""
     got = _plot(tmp_path, monkeypatch, [_record(1, **extra), _record(2, **extra)])
     assert len(got) == panels and not any("gain" in t for t in got), list(got)
+
+
+def test_global_batch_panel_under_auto(tmp_path, monkeypatch):
+    """--global-batch auto: the batch each epoch ended at gets a panel."""
+    recs = [_record(1, b_simple=100.0, gain=1.0, global_batch=64, next_global_batch=512),
+            _record(2, b_simple=900.0, gain=6.0, global_batch=512, next_global_batch=1024)]
+    panels = _plot(tmp_path, monkeypatch, recs)
+    batch = [v for t, v in panels.items() if "global batch" in t]
+    assert len(batch) == 1 and batch[0] == [[64, 512]] and len(panels) == 6, list(panels)

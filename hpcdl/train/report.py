@@ -161,6 +161,8 @@ def plot_curves(metrics_path, png_path):
         panels.append((("b_simple",), "gradient noise scale B_simple (samples)"))
     if any(r.get("gain") is not None for r in recs):  # --lr-scaling adascale (docs/adascale.md)
         panels.append((("gain",), "AdaScale gain r (x base lr, end of epoch)"))
+    if any(r.get("next_global_batch") is not None for r in recs):  # --global-batch auto
+        panels.append((("global_batch",), "global batch (at the epoch's end)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.9))
     for ax, (keys, title) in zip(axes, panels):
         for k in keys:
