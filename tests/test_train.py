@@ -118,6 +118,7 @@ def test_config_check_says_what_to_change(changes, message):
     (["--label-smoothing", "1.5"], "--label-smoothing 1.5 must be in [0, 1)"),
     (["--target-accuracy", "1.01"], "--target-accuracy 1.01 must be in (0, 1]"),
     (["--target-accuracy", "0"], "--target-accuracy 0 must be in (0, 1]"),
+    (["--stop-at-target"], "--stop-at-target needs --target-accuracy A"),
     (["--optimizer", "lamb", "--zero", "1"], "--optimizer lamb needs --zero 0"),
     (["--mode", "ps-bsp", "--label-smoothing", "0.1"], "--label-smoothing is not supported "
                                                        "with --mode ps-bsp"),
@@ -189,6 +190,19 @@ def test_same_seed_same_ranks_same_numbers(runs):
     strip = [{k: v for k, v in e.items() if k not in timing} for e in runs["two"][1]]
     again = [{k: v for k, v in e.items() if k not in timing} for e in runs["two_again"][1]]
     assert strip == again
+
+
+@pytest.mark.mpi
+def test_stop_at_target_ends_at_the_epoch_it_is_reached(runs, tmp_path):
+    """--stop-at-target: the same run as 'two' up to the first epoch at or above
+    the target (the middle of its test accuracies), and no further."""
+    accs = [e["test_accuracy"] for e in runs["two"][1]]
+    target = sorted(accs)[1]
+    first = next(i for i, a in enumerate(accs) if a >= target) + 1
+    _, epochs, _ = _train(2, tmp_path, "--target-accuracy", str(target), "--stop-at-target")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [e["epoch"] for e in epochs] == list(range(1, first + 1)), (accs, epochs)
+    assert summary["epochs_to_target"] == first and summary["test_accuracy"] == accs[first - 1]
 
 
 @pytest.mark.mpi

@@ -86,6 +86,9 @@ OPTIONS = (
     ("--target-accuracy", "target_accuracy", float, "record the time, steps and epochs until "
                                                     "the test accuracy first reaches this "
                                                     "(0 < A <= 1)"),
+    ("--stop-at-target", "stop_at_target", "bool", "end the run at the epoch the test "
+                                                   "accuracy first reaches --target-accuracy "
+                                                   "(as MLPerf's time-to-train runs do)"),
     ("--checkpoint-dir", "checkpoint_dir", str, "write checkpoint.pt here"),
     ("--checkpoint-every", "checkpoint_every", int, "epochs between checkpoints"),
     ("--out", "out", str, "directory for metrics.jsonl, summary.json, curves.png, "

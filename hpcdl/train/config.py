@@ -79,6 +79,7 @@ class TrainConfig:
     zero: int = 0                 # ZeRO stage (allreduce mode): 0 none, 1 optimizer state, 2 + grads, 3 + params
     seed: int = 0                 # weights, train/test split and per-epoch shuffles
     target_accuracy: float = None  # record time/steps/epochs until test accuracy >= this
+    stop_at_target: bool = False  # end the run at the epoch the target is first reached
     # where
     checkpoint_dir: str = None    # checkpoint.pt here, every checkpoint_every epochs
     checkpoint_every: int = 1
@@ -155,6 +156,9 @@ class TrainConfig:
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ConfigError("--target-accuracy %g must be in (0, 1] (a test accuracy, e.g. "
                               "0.95)" % self.target_accuracy)
+        if self.stop_at_target and self.target_accuracy is None:
+            raise ConfigError("--stop-at-target needs --target-accuracy A (the accuracy to "
+                              "stop at)")
         if self.weight_decay < 0:
             raise ConfigError("--weight-decay %g is negative; give 0 or more"
                               % self.weight_decay)

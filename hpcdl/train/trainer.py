@@ -162,7 +162,10 @@ class Run:
 def finished(run):
     """Whether the run is over: --epochs epochs done, or where the strategy
     says (its optional done(): AdaScale ends when its progress reaches the base
-    schedule's steps, allreduce.py)."""
+    schedule's steps, allreduce.py), or --stop-at-target and the target is
+    reached (the same on every rank: the accuracy is a global sum)."""
+    if run.cfg.stop_at_target and run.target is not None:
+        return True
     done = getattr(run.strategy, "done", lambda: None)()
     return run.epoch > run.cfg.epochs if done is None else done
 
