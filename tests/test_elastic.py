@@ -168,14 +168,14 @@ def test_damaged_commit_fails_on_every_rank(tmp_path):
 SCALING = os.path.join(REPO, "tests", "mpi_scripts", "elastic_scaling.py")
 
 
-def goodput_target_by_hand(b, n):
+def goodput_target_by_hand(b, n, comm):
     """The goodput rule of elastic_scaling.py (base 4, ceiling 32, t = 0.01 +
-    0.002 L + 0.03 s) for n ranks: the target of the largest goodput."""
+    0.002 L + comm s) for n ranks: the target of the largest goodput."""
     best, pick = -1.0, None
     for target in (4, 8, 16, 32):
         local = -(-target // n)
         m = n * local
-        g = m / (0.01 + 0.002 * local + 0.03) * ((b or 0.0) + 4) / ((b or 0.0) + m)
+        g = m / (0.01 + 0.002 * local + comm) * ((b or 0.0) + 4) / ((b or 0.0) + m)
         if g > best * (1 + 1e-12):
             best, pick = g, target
     return pick
@@ -186,7 +186,10 @@ def test_batch_scaling_follows_the_rule_on_more_then_fewer_ranks(tmp_path):
     """2 ranks (killed before step 4) -> 3 ranks (killed before step 8) -> 2 ranks
     to step 12, from the commits: after each reset the batch and lr are the
     rule's, worked here by hand, the AdaScale progress and noise estimates
-    carry on, and training continues at the new batch."""
+    carry on, and training continues at the new batch. The goodput rule's
+    comm (30 ms given on 2 ranks) is stale after each restart: the pick uses
+    the ring's estimate x 2(N-1)/N over the old N's until the next end_epoch
+    re-fits it from the ranks' mean step time; every rank holds the same."""
     keep = str(tmp_path / "elastic")
     for n, kill in (("2", "4"), ("3", "8"), ("2", None)):
         env = {"HPCDL_ELASTIC_DIR": keep, "ELASTIC_OUT": str(tmp_path / "log.jsonl")}
@@ -213,8 +216,13 @@ def test_batch_scaling_follows_the_rule_on_more_then_fewer_ranks(tmp_path):
         assert ada["progress"] == before["ada"]["progress"]          # carried on
         assert ada["noise_steps"] == before["ada"]["noise_steps"]
         assert ada["b_noise"] == pytest.approx(before["ada"]["b_noise"], rel=1e-9)
-        # goodput: re-picked for N from the running B_noise and the step-time model
-        target = goodput_target_by_hand(before["goodput"]["b_noise"], n)
+        # goodput: re-picked for N from the running B_noise and the step-time model,
+        # its comm measured on the old N moved by the ring's bytes 2(N-1)/N
+        old_n = before["goodput"]["ranks"]
+        comm = before["goodput"]["measured_comm"] * (n - 1) / n * old_n / (old_n - 1)
+        assert gpt["stale"] and gpt["comm_at"][0] == old_n
+        assert gpt["comm"] == pytest.approx(comm, rel=1e-12)
+        target = goodput_target_by_hand(before["goodput"]["b_noise"], n, comm)
         assert gpt["target"] == target and gpt["global_batch"] == n * -(-target // n)
         assert gpt["scale"] == gpt["global_batch"] / 4 and gpt["lr"] == 0.05
         assert gpt["progress"] == before["goodput"]["progress"]
@@ -225,3 +233,17 @@ def test_batch_scaling_follows_the_rule_on_more_then_fewer_ranks(tmp_path):
         assert 1.0 <= after["ada"]["gain"] <= g / 8
         assert after["ada"]["progress"] == pytest.approx(ada["progress"] + after["ada"]["gain"])
     assert log[-1]["ada"]["progress"] > log[9]["ada"]["progress"]
+    assert log[4]["goodput"]["comm"] == pytest.approx(0.04)  # 30 ms x (4/3) / 1
+    # the first end_epoch after each restart (steps 5 and 8) re-fits comm from the
+    # ranks' mean step_s, 0.05 + 0.012 x rank: 0.062 s on 3 ranks, 0.056 s on 2, less
+    # the compute at the local batch, and re-picks with it
+    for i, n, mean in ((6, 3, 0.062), (10, 2, 0.056)):
+        before, after = log[i]["goodput"], log[i + 1]["goodput"]
+        comm = mean - (0.01 + 0.002 * before["local"])
+        assert before["stale"] and not after["stale"] and after["comm_at"][0] == n
+        assert after["comm"] == after["measured_comm"] == pytest.approx(comm, rel=1e-12)
+        assert after["target"] == goodput_target_by_hand(before["b_noise"], n, comm)
+    assert not any(x["goodput"]["stale"] for x in log[:4] + log[11:])
+    assert all(x["goodput"]["agree"] for x in log)  # target, local batch, comm
+    assert "measured on 3 ranks, 1 host(s); now 2 ranks, 1 host(s): the ring's" in r.stderr
+    assert "comm re-measured on 2 ranks, 1 host(s)" in r.stderr

@@ -3,7 +3,9 @@
 optimizer, without MPI (the world size faked): splits and rounding, the lr
 factors, the goodput rule's choice for another rank count against a table
 worked by hand, keep="global"/"local", the lr / initial_lr / scheduler
-base_lrs ratio, AdaScale's scale and the noise variance's units, bad input.
+base_lrs ratio, AdaScale's scale and the noise variance's units, the goodput
+rule's comm term stale after a restart on another layout (the ring's
+estimate, then re-measured), bad input.
 The real restarts are in test_elastic.py (test_batch_scaling_follows_the_rule...)."""
 import math
 
@@ -96,6 +98,36 @@ def test_rederive_keeps_the_global_or_the_local_batch():
     assert gpr["global_batch"] == 18 and len(gpr["table"]) == 4
 
 
+def test_comm_moved_by_the_ring_bytes_and_refitted_by_hand():
+    assert [gp.ring_bytes(n) for n in (1, 2, 3, 4)] == [0.0, 1.0, 4 / 3, 1.5]
+    # comm 30 ms measured on 2 ranks (ring bytes 1): on 3 ranks x (4/3) / 1 = 40 ms,
+    # on 4 x 1.5 = 45 ms; 45 ms measured on 4, on 2: x 1 / 1.5 = 30 ms
+    assert STEP.comm_moved(2, 3) == gp.StepTime(0.01, 0.002, pytest.approx(0.04))
+    assert STEP.comm_moved(2, 4).comm == pytest.approx(0.045)
+    assert gp.StepTime(0.01, 0.002, 0.045).comm_moved(4, 2).comm == pytest.approx(0.03)
+    assert STEP.comm_moved(2, 2) is STEP
+    assert STEP.comm_moved(1, 2) is None  # no all-reduce in a 1-rank step to scale
+    # a step of 62 ms at L 6: compute 10 + 2 x 6 = 22 ms, comm 40 ms; with 2 passes 18 ms;
+    # below the compute: 0
+    assert STEP.with_comm(0.062, 6) == gp.StepTime(0.01, 0.002, pytest.approx(0.040))
+    assert STEP.with_comm(0.062, 6, accum=2).comm == pytest.approx(0.018)
+    assert STEP.with_comm(0.015, 6).comm == 0.0
+    with pytest.raises(ValueError, match="step seconds must be a number >= 0"):
+        STEP.with_comm(float("nan"), 6)
+
+
+def test_the_comm_estimate_changes_the_pick_by_hand():
+    # B_noise 8 on 3 ranks. comm 30 ms: target 16 (M 18, L 6, t 52 ms) 18 / 0.052 x 12 / 26
+    # = 159.76 beats 32 (M 33, L 11, t 62 ms) 33 / 0.062 x 12 / 41 = 155.78. comm 40 ms
+    # (the estimate from 2 ranks): 18 / 0.062 x 12 / 26 = 133.99 < 33 / 0.072 x 12 / 41
+    # = 134.15: 32
+    old, rows_old = rescale.pick(8.0, 4, STEP, 3, 32)
+    new, rows_new = rescale.pick(8.0, 4, STEP.comm_moved(2, 3), 3, 32)
+    assert (old, new) == (16, 32)
+    assert [r["goodput"] for r in rows_old[2:]] == pytest.approx([159.76, 155.78], abs=0.01)
+    assert [r["goodput"] for r in rows_new[2:]] == pytest.approx([133.99, 134.15], abs=0.01)
+
+
 @pytest.mark.parametrize("call,words", [
     (lambda: rescale.check_rule("cubic"), "one of adascale, goodput, linear, sqrt"),
     (lambda: rescale.check_rule("linear", "both"), "keep must be 'global'"),
@@ -141,9 +173,15 @@ class FakeOpt:
 
 @pytest.fixture
 def world(monkeypatch):
-    size = {"n": 2}
+    """n ranks on `hosts` hosts; a sum over ranks is `sums`(this rank's values),
+    by default every rank giving the same."""
+    size = {"n": 2, "hosts": 1}
+    size["sums"] = lambda values: [v * size["n"] for v in values]
     monkeypatch.setattr(scaling_mod.mpi_ops, "size", lambda: size["n"])
     monkeypatch.setattr(scaling_mod.mpi_ops, "rank", lambda: 1)  # no log line
+    monkeypatch.setattr(scaling_mod, "_hosts", lambda: size["hosts"])
+    monkeypatch.setattr(scaling_mod, "_rank_sums",
+                        lambda values, name: size["sums"]([float(v) for v in values]))
     return size
 
 
@@ -205,15 +243,78 @@ def test_adascale_keeps_the_global_batch_and_the_noise_units(world):
         first.opt.adascale.meter.smoothed.var * 10 / 7)
 
 
+def goodput_scaling(b_noise=None):
+    """The goodput rule at base 4, ceiling 32, STEP given; B_noise fixed if given."""
+    s = scaling_mod.BatchScaling(FakeOpt(0.05, adascale=True), base_batch=4, rule="goodput",
+                                 max_global_batch=32, step_time=STEP)
+    if b_noise is not None:
+        s.b_noise = lambda: b_noise
+    return s
+
+
 def test_goodput_repicks_for_the_new_rank_count(world):
-    def make():
-        return scaling_mod.BatchScaling(FakeOpt(0.05, adascale=True), base_batch=4,
-                                        rule="goodput", max_global_batch=32, step_time=STEP)
+    make = goodput_scaling
     world["n"] = 2
     s = make()
     assert s.global_batch == 4 and s.end_epoch()[0]["global_batch"] == 4  # no estimate: base
     first, second = restarted(make, world, 2, 3)
     assert second.global_batch == 6  # B_noise unknown counts as 0: the base, rounded up
+
+
+def test_goodput_comm_is_stale_after_a_restart_until_remeasured(world):
+    def make():
+        return goodput_scaling(b_noise=8.0)
+    world["n"] = 2
+    first = make()
+    commit = first.state_dict()
+    assert commit["comm_at"] == [2, 1] and not first.comm_stale
+    world["n"] = 3
+    second = make()
+    second.load_state_dict(commit)
+    second.on_reset()
+    # the commit's comm (2 ranks) is stale on 3: the pick used the ring's 40 ms (32, see
+    # test_the_comm_estimate_changes_the_pick_by_hand), not 30 ms as if measured (16)
+    assert second.comm_stale and second.model().comm == pytest.approx(0.04)
+    assert second.step_time == STEP and (second.target, second.local_batch) == (32, 11)
+    assert second.end_epoch()[3]["step_time_s"] == pytest.approx(0.072)  # no step_s: estimate
+    assert second.comm_stale
+    # re-measured: a mean step of 50 ms at L 11 -> comm = 50 - (10 + 22) = 18 ms; the
+    # compute line stays, and at 18 ms target 16 (M 18, L 6, t 40 ms) 18 / 0.04 x 12 / 26
+    # = 207.7 beats 32 (t 50 ms: 33 / 0.05 x 12 / 41 = 193.2)
+    rows = second.end_epoch(0.050)
+    assert not second.comm_stale and second.comm_at == [3, 1]
+    assert second.step_time == gp.StepTime(0.01, 0.002, pytest.approx(0.018))
+    assert second.target == 16 and rows[2]["goodput"] == pytest.approx(207.69, abs=0.01)
+    second.end_epoch(0.5)  # fresh: step_s is not read (and no collective)
+    assert second.step_time.comm == pytest.approx(0.018)
+    # back to 2 ranks from this commit: 18 ms measured on 3, estimated x 1 / (4/3)
+    commit = second.state_dict()
+    world["n"] = 2
+    third = make()
+    third.load_state_dict(commit)
+    third.on_reset()
+    assert third.comm_stale and third.model().comm == pytest.approx(0.0135)
+    # the same rank count on another host count: stale, the ring bytes the same
+    world["hosts"] = 2
+    third.end_epoch(0.05)
+    third.on_reset()
+    assert third.comm_stale and third.comm_at == [2, 1] and third.layout == [2, 2]
+    assert third.model().comm == third.step_time.comm and third.changes[-1]["ranks"] == 2
+
+
+def test_goodput_step_s_bad_or_on_some_ranks_only(world):
+    s = goodput_scaling()
+    s.comm_at = [3, 1]  # measured elsewhere: the next end_epoch reads step_s
+    with pytest.raises(ValueError, match="positive number of seconds on every rank.*-1"):
+        s.end_epoch(-1)
+    world["sums"] = lambda v: [v[0], v[1], v[2]]  # the other rank gave None
+    with pytest.raises(ValueError, match="given on 1 of 2 ranks"):
+        s.end_epoch(0.05)
+    # fit_step_time: the other rank fitted at L 2, 4, 6 (this one 2, 4, 8)
+    world["sums"] = lambda v: [v[0] * 2, v[1] * 2, 14.0, v[3] * 2, v[4] * 2, 100.0] + \
+        [x * 2 for x in v[6:]]
+    with pytest.raises(ValueError, match="ranks gave different local batches"):
+        s.fit_step_time([(2, 0.014), (4, 0.018), (8, 0.026)], 0.050)
 
 
 def test_fit_step_time_by_hand(world):

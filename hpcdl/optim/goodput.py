@@ -51,11 +51,37 @@ class StepTime:
         """From passes = [(local batch, seconds of one forward+backward)] (a + c L
         is their least-squares line) and one measured step at local_batch x
         accum: comm is what the step took beyond its passes."""
-        a, c = fit_line(passes)
-        return cls(a, c, max(step_s - accum * (a + c * local_batch), 0.0))
+        return cls(*fit_line(passes), 0.0).with_comm(step_s, local_batch, accum)
+
+    def with_comm(self, step_s, local_batch, accum=1):
+        """The same compute line a + c L, comm re-fitted from one measured step
+        at local_batch x accum: what the step took beyond its passes (at least 0)."""
+        check_number("step seconds", step_s)
+        return StepTime(self.a, self.c,
+                        max(step_s - accum * (self.a + self.c * local_batch), 0.0))
+
+    def comm_moved(self, measured_ranks, ranks):
+        """An estimate for `ranks` ranks of a model whose comm was measured on
+        measured_ranks: comm x ring_bytes(ranks) / ring_bytes(measured_ranks),
+        the ring all-reduce's bytes per rank (its bandwidth term; the latency
+        term, the optimizer step inside comm and a changed link are not
+        modelled: re-measure). a + c L is per rank and stays. None when
+        measured on one rank (no all-reduce in it to scale)."""
+        if measured_ranks == ranks:
+            return self
+        if measured_ranks < 2:
+            return None
+        return StepTime(self.a, self.c,
+                        self.comm * ring_bytes(ranks) / ring_bytes(measured_ranks))
 
     def state_dict(self):
         return dict(a=self.a, c=self.c, comm=self.comm)
+
+
+def ring_bytes(ranks):
+    """What each rank sends in a ring all-reduce (hpcdl's, src_c/ring.c), over
+    the buffer's size: 2 (N - 1) / N (reduce-scatter, then all-gather)."""
+    return 2.0 * (ranks - 1) / ranks
 
 
 def fit_line(points):

@@ -5,7 +5,10 @@ the global batch kept, goodput with a fixed step-time model), no reset
 callback for them (a plain one records hvd.size(), to show user callbacks
 still run). One step = one batch of scaling.local_batch samples per rank per
 model, drawn from a generator seeded by (step, rank, model); a commit after
-every step; the goodput model re-picks its batch every EPOCH steps.
+every step; the goodput model re-picks its batch every EPOCH steps, given
+step_s = STEP_S + 0.012 x rank seconds (a stand-in for a timer, different on
+each rank so that the test can work the ranks' mean by hand): read after a
+restart, when the comm term measured on the old rank count is stale.
 ELASTIC_KILL_AT=S: the last rank SIGKILLs itself before step S. Rank 0
 appends one JSON line per step (and one per reset, after the callbacks) to
 ELASTIC_OUT."""
@@ -20,6 +23,7 @@ from hpcdl.optim.goodput import StepTime
 
 STEPS, EPOCH = 12, 3
 STEP_TIME = StepTime(a=0.01, c=0.002, comm=0.03)  # seconds; the test's table uses it
+STEP_S = 0.05  # rank 0's "measured" step seconds (above)
 RULES = {  # name: (BatchScaling keywords, base lr)
     "linear": (dict(rule="linear", keep="local", base_batch=8, global_batch=16), 0.1),
     "ada": (dict(rule="adascale", base_batch=8, global_batch=20), 0.05),
@@ -49,7 +53,17 @@ def snapshot(name):
                 target=s.target, lr=opt.param_groups[0]["lr"], scale=s.scale,
                 progress=ada.progress.steps if ada else None,
                 gain=ada.progress.last_gain if ada else None,
-                noise_steps=ada.meter.smoothed.steps if ada else None, b_noise=s.b_noise())
+                noise_steps=ada.meter.smoothed.steps if ada else None, b_noise=s.b_noise(),
+                **(goodput_model(s) if s.rule == "goodput" else {}))
+
+
+def goodput_model(s):
+    """The step-time model in use, and whether every rank holds the same."""
+    model = s.model()
+    mine = torch.tensor([[s.target, s.local_batch, model.comm]], dtype=torch.float64)
+    every = hvd.allgather(mine)
+    return dict(comm=model.comm, measured_comm=s.step_time.comm, comm_at=s.comm_at,
+                stale=s.comm_stale, agree=bool((every == mine).all()))
 
 
 def write(record):
@@ -80,7 +94,7 @@ def train(state):
             losses[name] = loss.item()
         write(dict(step=state.step, loss=losses, **{n: snapshot(n) for n in RULES}))
         if (state.step + 1) % EPOCH == 0:
-            scalings["goodput"].end_epoch()
+            scalings["goodput"].end_epoch(STEP_S + 0.012 * hvd.rank())
         state.step += 1
         state.commit()
 

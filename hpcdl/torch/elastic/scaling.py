@@ -13,7 +13,7 @@ with no reset callback (docs/horovod.md, Elastic training).
         for state.epoch in range(state.epoch, epochs):
             loader = DataLoader(data, batch_size=scaling.local_batch, sampler=sampler)
             ...  sampler.record_batch(i, scaling.local_batch); state.commit()
-            scaling.end_epoch()          # rule "goodput": re-pick the batch
+            scaling.end_epoch(step_s)    # rule "goodput": re-pick the batch
 
 TorchState keeps it with each commit (the target and current batch, the lr
 factor, AdaScale's progress and smoothed noise estimates, the step-time model)
@@ -25,8 +25,18 @@ each launch) times the new lr factor over the old, AdaScale's
 scale set to G / base, the noise meter's smoothed per-step variance (kept in
 units of one rank's step) times L_old / L_new. The optimizer must be in the
 same TorchState (its handler restores the committed lr first). Every rank
-computes the same values from rank 0's synced state."""
+computes the same values from rank 0's synced state.
+
+The goodput rule's comm term is measured on one layout (ranks, hosts): after
+a restart onto another, it is stale. Meanwhile the rule uses the ring's
+estimate (StepTime.comm_moved: comm x 2(N-1)/N over the measured N's, said
+in the log), and the next end_epoch(step_s) re-fits comm from the new run's
+step time averaged over the ranks, keeping the per-rank compute line."""
+import math
+import numbers
 import sys
+
+import torch
 
 from ...optim import goodput as gp, rescale
 from ...optim._checks import check_count
@@ -44,6 +54,17 @@ def _step_time(value):
     except TypeError:
         raise ValueError("step_time must be a goodput.StepTime, (a, c, comm) seconds or "
                          "{'a':, 'c':, 'comm':}; got %r" % (value,)) from None
+
+
+def _rank_sums(values, name):
+    """values (floats) summed over the ranks (collective)."""
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    return mpi_ops.allreduce(t, op=mpi_ops.Sum, name=name).tolist()
+
+
+def _hosts():
+    """The job's host count: its ranks of local rank 0 (collective)."""
+    return int(_rank_sums([mpi_ops.local_rank() == 0], "elastic.scaling.hosts")[0])
 
 
 class BatchScaling:
@@ -83,6 +104,8 @@ class BatchScaling:
         check_count("max_global_batch", self.ceiling, "samples")
         self.step_time = _step_time(step_time)
         self.ranks = mpi_ops.size()
+        self.hosts = _hosts() if rule == "goodput" else None
+        self.comm_at = self.layout  # where step_time's comm was measured (or given)
         self.target = target
         self.local_batch, self.global_batch = rescale.split(target, self.ranks, self.accum)
         self.lr_factor = 1.0
@@ -98,6 +121,27 @@ class BatchScaling:
     def scale(self):
         return self.global_batch / self.base_batch
 
+    @property
+    def layout(self):
+        return [self.ranks, self.hosts]
+
+    @property
+    def comm_stale(self):
+        """True when the step-time model's comm was measured on another layout
+        (ranks, hosts) than this job's: until end_epoch(step_s) re-measures it,
+        the rule uses model()'s estimate."""
+        return self.rule == "goodput" and self.step_time is not None and \
+            self.comm_at != self.layout
+
+    def model(self):
+        """The step-time model the goodput rule uses now: step_time, or while
+        comm_stale its comm moved to this rank count by the ring's bytes per
+        rank (goodput.StepTime.comm_moved); None without one (or measured on
+        one rank: then the target is kept until re-measured)."""
+        if self.step_time is None:
+            return None
+        return self.step_time.comm_moved(self.comm_at[0], self.ranks)
+
     def b_noise(self):
         """The running B_simple (samples) from the optimizer's noise meter, or None."""
         meter = getattr(self.opt, "noise_meter", None)
@@ -106,26 +150,50 @@ class BatchScaling:
 
     def set_step_time(self, step_time):
         """The goodput rule's model t(L, k) = k (a + c L) + comm (a StepTime or
-        (a, c, comm) seconds); see fit_step_time."""
+        (a, c, comm) seconds), its comm taken as measured on this job's layout;
+        give every rank the same one. See fit_step_time."""
         self.step_time = _step_time(step_time)
+        self.comm_at = self.layout
 
     def fit_step_time(self, passes, step_seconds):
-        """Sets the model from measurements: passes = [(local batch, seconds of
-        one forward+backward)] (a + c L is their least-squares line) and
+        """Sets the model from this rank's measurements, averaged over the ranks
+        (collective; the same local batches on every rank, so that every rank
+        fits the same model): passes = [(local batch, seconds of one
+        forward+backward)] (a + c L is their least-squares line) and
         step_seconds = a measured step at the current batch (comm = the rest).
-        Give every rank the same numbers (e.g. averaged over ranks): the rule's
-        choice must be the same everywhere. Returns the StepTime."""
-        self.step_time = gp.StepTime.fit(passes, step_seconds, self.local_batch, self.accum)
+        Returns the StepTime."""
+        batches = [p[0] for p in passes]
+        for b in batches:
+            check_count("fit_step_time's local batch", b, "samples")
+        m, n = len(batches), self.ranks
+        sums = _rank_sums(batches + [b * b for b in batches] + [p[1] for p in passes] +
+                          [step_seconds], "elastic.scaling.fit")
+        if any(sums[m + i] * n != sums[i] ** 2 for i in range(m)):
+            raise ValueError("fit_step_time: the ranks gave different local batches %s "
+                             "(this rank's): give the same on every rank" % batches)
+        secs = [x / n for x in sums[2 * m:]]
+        self.step_time = gp.StepTime.fit(list(zip(batches, secs[:m])), secs[m],
+                                         self.local_batch, self.accum)
+        self.comm_at = self.layout
         return self.step_time
 
     # ------------------------------------------------------------ changes
-    def end_epoch(self):
+    def end_epoch(self, step_s=None):
         """Rule goodput: re-picks the target for this rank count from the
-        running B_noise (the same on every rank: no communication); returns
-        the goodput table (None for other rules or without a step-time model)."""
+        running B_noise (the same on every rank); returns the goodput table
+        (None for other rules or without a step-time model). step_s: this
+        rank's mean step time (seconds) since the job (re)started, at
+        local_batch; read only while comm_stale: then every rank's are
+        averaged (collective: give it on every rank or on none) and comm is
+        re-fitted from the mean (StepTime.with_comm) before the pick."""
         if self.rule != "goodput" or self.step_time is None:
             return None
-        target, rows = rescale.pick(self.b_noise(), self.base_batch, self.step_time,
+        if self.comm_stale:
+            self._remeasure_comm(step_s)
+        model = self.model()
+        if model is None:
+            return None
+        target, rows = rescale.pick(self.b_noise(), self.base_batch, model,
                                     self.ranks, self.ceiling, self.accum)
         if target != self.target:
             self._change(dict(rescale.rederive(self.rule, self.ranks, self.base_batch, target,
@@ -133,21 +201,56 @@ class BatchScaling:
                               table=rows), "goodput")
         return rows
 
+    def _remeasure_comm(self, step_s):
+        """comm from the ranks' mean step time on this layout (collective; one
+        line on every rank when step_s is bad or given on some ranks only)."""
+        ok = isinstance(step_s, numbers.Real) and not isinstance(step_s, bool) and \
+            math.isfinite(step_s) and step_s > 0
+        total, given, bad = _rank_sums([step_s if ok else 0.0, step_s is not None,
+                                        step_s is not None and not ok], "elastic.scaling.comm")
+        if bad or 0 < given < self.ranks:
+            raise ValueError("BatchScaling.end_epoch(step_s): step_s must be a positive "
+                             "number of seconds on every rank (or None on every rank); got "
+                             "%r here, given on %d of %d ranks" % (step_s, given, self.ranks))
+        if not given:
+            return  # the estimate stays until a step time is given
+        old = self.model()
+        self.step_time = self.step_time.with_comm(total / self.ranks, self.local_batch,
+                                                  self.accum)
+        self.comm_at = self.layout
+        self._log("comm re-measured on %d ranks, %d host(s): %.4g s (the estimate was %s)"
+                  % (self.ranks, self.hosts, self.step_time.comm,
+                     "%.4g s" % old.comm if old is not None else "none"))
+
     def on_reset(self):
         """After a restart from a commit (TorchState calls it before the reset
-        callbacks): the batch and lr for hvd.size() ranks, if it changed."""
+        callbacks): the batch and lr for hvd.size() ranks, if it changed, and
+        for the goodput rule a stale comm on another layout (class docstring)."""
         ranks = mpi_ops.size()
-        if ranks == self.ranks:
+        hosts = _hosts() if self.rule == "goodput" else None
+        if [ranks, hosts] == self.layout:
             return
         if ranks < 2 and self.rule in ("adascale", "goodput"):
             raise RuntimeError("BatchScaling(rule=%r): the job restarted on 1 rank, where "
                                "AdaScale has no gain (it compares the ranks' gradients); "
                                "keep --min-np at 2 or more" % self.rule)
+        old_ranks, self.ranks, self.hosts = self.ranks, ranks, hosts
+        model = self.model()
+        if self.comm_stale:
+            self._log("comm %.4g s was measured on %d ranks, %d host(s); now %d ranks, %d "
+                      "host(s): %s until end_epoch(step_s) re-measures it"
+                      % (self.step_time.comm, self.comm_at[0], self.comm_at[1], ranks, hosts,
+                         "the ring's 2(N-1)/N estimate %.4g s" % model.comm
+                         if model is not None else "no estimate, the target kept"))
+        if ranks == old_ranks:
+            return
         new = rescale.rederive(self.rule, ranks, self.base_batch, self.target, self.local_batch,
-                               self.accum, self.keep, self.b_noise(), self.step_time,
-                               self.ceiling)
-        old_ranks, self.ranks = self.ranks, ranks
+                               self.accum, self.keep, self.b_noise(), model, self.ceiling)
         self._change(new, "%d ranks -> %d" % (old_ranks, ranks))
+
+    def _log(self, text):
+        if mpi_ops.rank() == 0:
+            print("hpcdl elastic: " + text, file=sys.stderr, flush=True)
 
     def _change(self, new, why):
         old = (self.global_batch, self.local_batch, self.lr_factor)
@@ -155,14 +258,12 @@ class BatchScaling:
         self._apply(new["local_batch"], new["lr_factor"])
         self.changes.append(dict(ranks=self.ranks, global_batch=self.global_batch,
                                  local_batch=self.local_batch, why=why))
-        if mpi_ops.rank() == 0:
-            goodput = "" if not new.get("table") else "; predicted goodput " + ", ".join(
-                "%d: %.0f" % (r["global_batch"], r["goodput"]) for r in new["table"])
-            print("hpcdl elastic: %s: global batch %d -> %d (local %d -> %d), %s%s"
+        goodput = "" if not new.get("table") else "; predicted goodput " + ", ".join(
+            "%d: %.0f" % (r["global_batch"], r["goodput"]) for r in new["table"])
+        self._log("%s: global batch %d -> %d (local %d -> %d), %s%s"
                   % (why, old[0], self.global_batch, old[1], self.local_batch,
                      "AdaScale scale %g" % self.scale if self._ada is not None
-                     else "lr x %g" % (self.lr_factor / old[2]), goodput),
-                  file=sys.stderr, flush=True)
+                     else "lr x %g" % (self.lr_factor / old[2]), goodput))
 
     def _apply(self, local_batch, lr_factor):
         """Makes the optimizer follow self.global_batch (see the module docstring)."""
@@ -193,6 +294,7 @@ class BatchScaling:
                     global_batch=self.global_batch, local_batch=self.local_batch,
                     lr_factor=self.lr_factor, changes=list(self.changes),
                     step_time=self.step_time.state_dict() if self.step_time else None,
+                    hosts=self.hosts, comm_at=list(self.comm_at),
                     adascale=ada.state_dict() if ada is not None else None)
 
     def load_state_dict(self, state):
@@ -208,6 +310,8 @@ class BatchScaling:
         self.global_batch, self.local_batch = state["global_batch"], state["local_batch"]
         self.lr_factor, self.changes = state["lr_factor"], list(state["changes"])
         self.step_time = _step_time(state["step_time"])
+        self.hosts = state.get("hosts", self.hosts)  # a commit older than these keys:
+        self.comm_at = list(state.get("comm_at", self.layout))  # taken as measured there
         ada = self._ada
         if ada is not None and state["adascale"] is not None:
             ada.load_state_dict(state["adascale"])
