@@ -18,6 +18,7 @@
  * it never submitted is seen within a heartbeat and ends the job, named.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -47,22 +48,36 @@ static double env_seconds(const char *name, double dflt) {
 // ----------------------------------------------------------------------------
 // the verdict (same data on every rank, so the same verdict everywhere)
 
-// " rank R is missing NAME ... (submitted a of b);" for each rank behind the
-// lead (the rank that submitted most), from the lead's pending names.
+// Appends to msg at pos and returns the new end, never past len - 1: a long
+// list (many ranks behind, four 47-character names each) is cut, not overrun.
+static int append(char *msg, size_t len, int pos, const char *fmt, ...) {
+    if (pos >= (int)len - 1) return pos;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(msg + pos, len - (size_t)pos, fmt, ap);
+    va_end(ap);
+    return k < 0 ? pos : (pos + k < (int)len - 1 ? pos + k : (int)len - 1);
+}
+
+// " rank R is missing NAME ... (operations submitted so far: a on rank R, b on
+// rank L);" for each rank behind the lead L (the rank that submitted most),
+// from the lead's pending names. a and b count operations (collectives), not
+// ranks: the words say so, since "(submitted 2 of 4)" read as 2 of 4 ranks.
 static int describe_missing(const hpcdl_progress *all, int n, char *msg, size_t len) {
     int lead = 0, pos = 0;
     for (int r = 1; r < n; r++)
         if (all[r].submitted > all[lead].submitted) lead = r;
     for (int r = 0; r < n && pos < (int)len - 120; r++) {
         if (all[r].submitted >= all[lead].submitted) continue;
-        pos += snprintf(msg + pos, len - (size_t)pos, " rank %d is missing", r);
+        pos = append(msg, len, pos, " rank %d is missing", r);
         for (int64_t k = all[r].submitted + 1; k <= all[lead].submitted; k++) {
             int64_t idx = k - all[lead].completed - 1; // position in the lead's pending list
             if (idx < 0 || idx >= HPCDL_PROGRESS_NAMES) continue;
-            pos += snprintf(msg + pos, len - (size_t)pos, " %s", all[lead].pending[idx]);
+            pos = append(msg, len, pos, " %.*s", 47, all[lead].pending[idx]);
         }
-        pos += snprintf(msg + pos, len - (size_t)pos, " (submitted %lld of %lld);",
-                        (long long)all[r].submitted, (long long)all[lead].submitted);
+        pos = append(msg, len, pos,
+                     " (operations submitted so far: %lld on rank %d, %lld on rank %d);",
+                     (long long)all[r].submitted, r, (long long)all[lead].submitted, lead);
     }
     return pos;
 }

@@ -21,6 +21,10 @@ def test_warns_naming_rank_and_tensor(buffer):
     r = run_python(2, SCRIPT, args=["late", buffer], env={"HPCDL_STALL_CHECK_TIME_SECONDS": "1"})
     assert "STALL DONE" in r.stdout, r.stdout
     assert "stall inspector" in r.stdout and "rank 1 is missing grad.late" in r.stdout, r.stdout
+    # the counts are operations, said so with their ranks (not "(submitted 1 of 2)",
+    # which read as 1 of 2 ranks): rank 1 has the healthy all-reduce, rank 0 both
+    assert "rank 1 is missing grad.late (operations submitted so far: 1 on rank 1, 2 on " \
+           "rank 0);" in r.stdout, r.stdout
 
 
 @pytest.mark.mpi
