@@ -93,19 +93,48 @@ def test_sieve_groups_the_ranks_usage_errors():
 
 
 @pytest.mark.mpi
-def test_a_usage_error_on_the_ranks_is_one_line(tmp_path):
-    """hpcdl train on 2 ranks with a --data that is not there: both ranks say
-    so ('hpcdl: error: [rank R] ...', status 2); the launcher shows it once,
-    without Open MPI's 10-line banner (it showed 2 lines and the banner)."""
-    r = subprocess.run(HPCDL + ["run", "-np", "2", "python", "-m", "hpcdl", "train", "--data",
-                                str(tmp_path / "nope")],
+@pytest.mark.parametrize("np_", [1, 2])
+def test_a_usage_error_on_the_ranks_is_one_line(tmp_path, np_):
+    """hpcdl train with a --data that is not there: every rank says so
+    ('hpcdl: error: [rank R] ...', status 2); the launcher shows it once,
+    without Open MPI's 10-line banner (it showed 2 lines and the banner; on
+    1 rank the line had no '[rank 0]', so the banner came around it)."""
+    r = subprocess.run(HPCDL + ["run", "-np", str(np_), "python", "-m", "hpcdl", "train",
+                                "--data", str(tmp_path / "nope")],
                        capture_output=True, text=True, timeout=180, env=mpi_env())
     assert r.returncode == 2, r.stderr
     lines = [l for l in r.stderr.splitlines() if "no such directory" in l]
-    assert len(lines) == 1 and lines[0].startswith("hpcdl run: error on ranks 0-1: --data "), \
+    who = "rank 0" if np_ == 1 else "ranks 0-1"
+    assert len(lines) == 1 and lines[0].startswith("hpcdl run: error on %s: --data " % who), \
         r.stderr
     assert "non-zero status" not in r.stderr and len(r.stderr.splitlines()) <= 4, r.stderr
     log = re.search(r"full tracebacks and the launcher's messages: (\S+)", r.stderr).group(1)
     text = open(log).read()
     os.unlink(log)
-    assert "[rank 0] error: --data" in text and "[rank 1] error: --data" in text, text
+    assert all("[rank %d] error: --data" % k in text for k in range(np_)), text
+    assert "non-zero status" in text, text
+
+
+def test_a_bad_option_on_a_sieved_rank_is_one_labelled_line(monkeypatch, capsys):
+    """On a rank hpcdl's launcher started (HPCDL_CAUSES=1), a bad option is one
+    'hpcdl: error: [rank R] ...' line the Sieve groups, not argparse's usage
+    block on every rank; elsewhere argparse's usage stays."""
+    from hpcdl.cli import main
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    argv = ["bench", "allreduce", "--sizes", "x"]
+    with pytest.raises(SystemExit):
+        main.main(argv)
+    assert "usage: hpcdl bench allreduce" in capsys.readouterr().err
+    monkeypatch.setenv(causes.ENV, "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    assert main.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == ("hpcdl: error: [rank 3] hpcdl bench allreduce: unrecognized arguments: "
+                   "--sizes x (`hpcdl bench allreduce -h` shows the options)\n"), err
+    s = causes.Sieve(io.StringIO())
+    s.feed(err)
+    s.run(io.BytesIO(b""))
+    assert s.summary()[0].startswith("error on rank 3: hpcdl bench allreduce: "), s.summary()
+    os.unlink(s.path)

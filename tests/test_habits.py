@@ -3,14 +3,13 @@ thinking (issue 32, item 5): `hpcdl run -np 2 python train.py --epochs 1`
 without `--`; a torchrun-style script's init_process_group("gloo") under
 `hpcdl run` (MASTER_ADDR / MASTER_PORT); `-H host:2,...` without -n starting
 every slot; and no argparse abbreviations anywhere."""
-import argparse
 import os
 import subprocess
 import sys
 
 import pytest
 
-from hpcdl.cli.main import build_parser
+from hpcdl.cli.main import build_parser, parsers
 from mpi_harness import mpi_env
 
 HPCDL = [sys.executable, "-m", "hpcdl"]
@@ -72,14 +71,6 @@ def test_rendezvous_respects_the_users_values():
     got = dict(v.split("=") for v in rendezvous_env({}, "nodeA:2,nodeB:2"))
     assert got["MASTER_ADDR"] == "nodeA" and 0 < int(got["MASTER_PORT"]) < 65536
     assert rendezvous_env({"MASTER_PORT": "29500"}, None) == ["MASTER_ADDR=127.0.0.1"]
-
-
-def parsers(parser):
-    yield parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in set(action.choices.values()):
-                yield from parsers(child)
 
 
 def test_no_abbreviations_anywhere():

@@ -35,6 +35,26 @@ def print_errors(lines, prefix="hpcdl: error: "):
     os.write(fd, text.encode("utf-8", "replace"))
 
 
+def sieved_rank():
+    """This rank's number (a str) when hpcdl's launcher started it and sieves
+    its stderr (HPCDL_CAUSES=1, utils/causes.py), else None."""
+    from ..utils import causes
+    from ..utils.rankenv import torchrun_env
+    return torchrun_env().get("RANK") if os.environ.get(causes.ENV) == "1" else None
+
+
+def rank_labelled(lines):
+    """lines, each starting with '[rank R] ' on a sieved rank: the launcher
+    groups the ranks' 'hpcdl: error: [rank R] ...' lines into one and keeps
+    mpiexec's banner in its log, whatever the job's size (a 1-rank job's line
+    went unlabelled, so the banner was shown around it). Lines already
+    labelled stay as they are."""
+    rank = sieved_rank()
+    if rank is None:
+        return lines
+    return [l if l.startswith("[rank ") else "[rank %s] %s" % (rank, l) for l in lines]
+
+
 def chosen_parser(parser, args):
     """The innermost (sub)parser that args were parsed by (`hpcdl bench
     allreduce` -> allreduce's parser), for its usage line."""
@@ -67,29 +87,47 @@ def build_parser():
     return p
 
 
+def parsers(parser):
+    """parser and every subparser below it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                yield from parsers(child)
+
+
 def no_abbreviations(parser):
     """allow_abbrev=False on parser and every subparser below it: argparse
     would otherwise take `hpcdl train --lr 0.05` as --lr-scaling 0.05, and a
     prefix that means one option today means another when an option is added."""
-    parser.allow_abbrev = False
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in set(action.choices.values()):
-                no_abbreviations(child)
+    for p in parsers(parser):
+        p.allow_abbrev = False
+
+
+def one_line_option_errors(parser):
+    """A bad option on a sieved rank raises UsageError (one labelled line,
+    which the launcher groups) instead of argparse's usage block on every
+    rank around mpiexec's banner."""
+    def refuse(p, message):
+        raise UsageError("%s: %s (`%s -h` shows the options)" % (p.prog, message, p.prog))
+    for p in parsers(parser):
+        p.error = lambda message, p=p: refuse(p, message)
 
 
 def main(argv=None):
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # argparse would show the top-level usage; show the subcommand's
-        chosen_parser(parser, args).error("unrecognized arguments: %s" % " ".join(extra))
-    if not getattr(args, "func", None):
-        chosen_parser(parser, args).print_help()
-        return 2
+    if sieved_rank() is not None:
+        one_line_option_errors(parser)
     try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # argparse would show the top-level usage; show the subcommand's
+            chosen_parser(parser, args).error("unrecognized arguments: %s" % " ".join(extra))
+        if not getattr(args, "func", None):
+            chosen_parser(parser, args).print_help()
+            return 2
         return int(args.func(args) or 0)
     except UsageError as e:
-        print_errors(str(e).splitlines() or ["(no message)"])
+        print_errors(rank_labelled(str(e).splitlines() or ["(no message)"]))
         return 2
     except KeyboardInterrupt:
         print("hpcdl: interrupted", file=sys.stderr)
