@@ -7,8 +7,11 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
 
 from mpi_harness import REPO, run_python
 from hpcdl.train.config import ConfigError, TrainConfig, load_file, resolve
@@ -51,6 +54,30 @@ def test_cli_refuses_before_launching():
     p = subprocess.run([sys.executable, "-m", "hpcdl", "train", "--global-batch", "big"],
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     assert p.returncode == 2 and "give an integer like 128, or auto" in p.stderr
+
+
+def test_the_step_time_probe_reads_a_shard_directory(tmp_path, monkeypatch):
+    """--data DIR (train/shards.py) holds no x_train in memory: the probe
+    reads its samples through the source's train_batches (it failed with
+    AttributeError at the first re-pick before), and leaves the run's random
+    state as it was (the shard DataLoader draws its seed from it)."""
+    from data_helpers import make_npz, write
+    from hpcdl.train import shards
+    from hpcdl.train.goodput import AutoBatch
+    make_npz(tmp_path / "s.npz", n=40, shape=(6,), classes=3)
+    write(str(tmp_path / "s.npz"), tmp_path / "sh", shards=2, val_fraction=0.25)
+    monkeypatch.setattr(shards, "comm", SimpleNamespace(rank=lambda: 0,  # one process
+                                                        bcast_object=lambda o, root: o))
+    ds = shards.load_shards(str(tmp_path / "sh"), workers=0)
+    auto = AutoBatch.__new__(AutoBatch)  # no ranks: samples and probe need none
+    auto.cfg, auto.ds = TrainConfig(global_batch="auto", base_batch=8, hidden=(4,)), ds
+    auto.strategy = SimpleNamespace(device=torch.device("cpu"))
+    rng = torch.get_rng_state()
+    x, y = auto.samples(16)
+    assert auto.probe(8, x, y) > 0
+    assert torch.equal(torch.get_rng_state(), rng)
+    (x0, y0), = ds.train_batches(np.arange(16).reshape(1, 16))
+    assert torch.equal(x, x0) and torch.equal(y, y0) and len(y) == 16
 
 
 @pytest.mark.mpi

@@ -22,6 +22,7 @@ when it is built).
 """
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -136,22 +137,38 @@ class AutoBatch:
     def measure(self, step_s):
         """StepTime from the probe and the measured step time (collective)."""
         locals_ = sorted({local for _, local, _ in self.cands})
+        x, y = self.samples(locals_[-1])
         # the mean over ranks, so every rank fits the same line
-        secs = [s / self.ranks for s in global_sums(*(self.probe(local) for local in locals_))]
+        secs = [s / self.ranks for s in global_sums(*(self.probe(local, x, y)
+                                                        for local in locals_))]
         step_s = global_sums(step_s)[0] / self.ranks
         return gp.StepTime.fit(list(zip(locals_, secs)), step_s,
                                self.cfg.global_batch // self.ranks)
 
-    def probe(self, local):
+    def samples(self, n):
+        """The first n training samples as one batch on the device, read through
+        the data source's train_batches: a shard directory (--data DIR,
+        train/shards.py) holds no x_train in memory. The run's random state is
+        untouched (a DataLoader draws its seed from it)."""
+        n = min(n, self.ds.n_train)
+        with torch.random.fork_rng(devices=[]):
+            batches = self.ds.train_batches(np.arange(n).reshape(1, n))
+            try:
+                x, y = next(batches)
+            finally:
+                batches.close()
+        return x.to(self.strategy.device), y.to(self.strategy.device)
+
+    def probe(self, local, x, y):
         """Seconds of one forward+backward of a fresh model copy at `local`
-        samples (the fastest of PROBE_REPEATS after a warm-up). The run's
-        model, optimizer and random state are untouched."""
+        samples of x, y (the fastest of PROBE_REPEATS after a warm-up). The
+        run's model, optimizer and random state are untouched."""
         cfg, device = self.cfg, self.strategy.device
         with torch.random.fork_rng(devices=[]):
             model = build.build_model(cfg, self.ds).to(device)
         model.train()
-        n = min(local, self.ds.n_train)
-        x, y = self.ds.x_train[:n].to(device), self.ds.y_train[:n].to(device)
+        n = min(local, len(y))
+        x, y = x[:n], y[:n]
         best = float("inf")
         for rep in range(PROBE_REPEATS + 1):
             t0 = time.perf_counter()
