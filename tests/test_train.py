@@ -205,6 +205,18 @@ def test_stop_at_target_ends_at_the_epoch_it_is_reached(runs, tmp_path):
     assert summary["epochs_to_target"] == first and summary["test_accuracy"] == accs[first - 1]
 
 
+def test_a_resume_keeps_the_target_record_only_if_it_reaches_the_new_target():
+    """A checkpoint's target record (reached 0.9 at epoch 2) under a resume
+    with --target-accuracy 0.95 is dropped: kept, --stop-at-target stopped the
+    resumed run at once and the summary said 0.95 was reached at epoch 2 with
+    test accuracy 0.90."""
+    from hpcdl.train.trainer import kept_target
+    hit = dict(train_time=1.5, eval_time=0.1, steps=22, epochs=2, test_accuracy=0.9)
+    assert kept_target(hit, 0.95) is None
+    assert kept_target(hit, 0.9) is hit and kept_target(hit, 0.8) is hit
+    assert kept_target(hit, None) is hit and kept_target(None, 0.9) is None
+
+
 @pytest.mark.mpi
 def test_ps_bsp_trains_exactly_like_allreduce(runs, tmp_path):
     # 3 ranks = 1 server + 2 workers reading the slices 2 all-reduce ranks read:

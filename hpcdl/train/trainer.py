@@ -218,7 +218,8 @@ def resume_or_start(run):
     run.epoch_start = pos.get("epoch_start", 0)  # absent before re-picks within an epoch
     run.sums = dict(state.get("sums", zero_sums()))
     run.train_time, run.train_samples = state["train_time"], state["train_samples"]
-    run.eval_time, run.target = state.get("eval_time", 0.0), state.get("target")
+    run.eval_time = state.get("eval_time", 0.0)
+    run.target = kept_target(state.get("target"), run.cfg.target_accuracy)
     comm.print0("hpcdl train: resumed from %s at epoch %d step %d"
                 % (path, run.epoch, run.step_in_epoch))
 
@@ -385,6 +386,18 @@ def reach_target(run, test_acc):
         return
     run.target = dict(train_time=run.train_time, eval_time=run.eval_time,
                       steps=run.global_step, epochs=run.epoch, test_accuracy=test_acc)
+
+
+def kept_target(saved, target):
+    """The checkpoint's record of reaching the target (reach_target), kept
+    on resume only if its accuracy reaches this run's --target-accuracy: a
+    resume may give a higher one, which that epoch did not reach (kept, it
+    would end a --stop-at-target run at once and report the lower hit). A
+    lower target keeps it: the epochs before it, which the checkpoint does
+    not hold, may have reached that one sooner."""
+    if saved is not None and target is not None and saved["test_accuracy"] < target:
+        return None
+    return saved
 
 
 def target_fields(run):
