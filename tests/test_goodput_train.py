@@ -37,6 +37,8 @@ def test_auto_from_a_config_file_and_flags(tmp_path):
     (dict(global_batch="auto", lr_scaling="linear"), 2, "--lr-scaling adascale"),
     (dict(global_batch="auto", base_batch=64, max_global_batch=32), 2, "below --base-batch"),
     (dict(global_batch=64, max_global_batch=256), 2, "--max-global-batch is the ceiling"),
+    (dict(global_batch=64, repick_steps=-5), 2, "--repick-steps -5: give 0"),
+    (dict(global_batch="auto", repick_steps=-1), 2, "--repick-steps -1: give 0"),
     (dict(global_batch="auto"), 1, "run on 2 or more"),
     (dict(global_batch="auto", mode="ps-bsp", lr_scaling="adascale"), 3, "--mode ps-bsp"),
 ])

@@ -226,14 +226,14 @@ class TrainConfig:
                               % (self.global_batch, self.base_batch))
 
     def _check_auto_batch(self):
+        if self.repick_steps < 0:
+            raise ConfigError("--repick-steps %d: give 0 (re-pick only at epoch ends) or a "
+                              "positive step count" % self.repick_steps)
         if not self.auto_batch:
             if self.max_global_batch is not None:
                 raise ConfigError("--max-global-batch is the ceiling of --global-batch auto; "
                                   "give --global-batch auto or leave it out")
             return
-        if self.repick_steps < 0:
-            raise ConfigError("--repick-steps %d: give 0 (re-pick only at epoch ends) or a "
-                              "positive step count" % self.repick_steps)
         if self.lr_scaling != "adascale":
             raise ConfigError("--global-batch auto takes its lr from AdaScale: use "
                               "--lr-scaling adascale (or none), not %s" % self.lr_scaling)
