@@ -7,6 +7,7 @@ damaged or foreign checkpoints fail on every rank; a kill during a save
 leaves the previous checkpoint whole; config files are strict."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 import hang_guard
 from mpi_harness import REPO, mpi_env, run_mpi
@@ -125,7 +127,11 @@ def test_signal_checkpoints_and_resume_matches_uninterrupted(tmp_path, uninterru
     if rank_index is None:
         assert "SIGTERM passed on to the ranks as SIGUSR1" in text, text
     assert (ckpt / "checkpoint.pt").exists() and not (out / "summary.json").exists()
-    assert not [p for p in os.listdir(ckpt) if p != "checkpoint.pt"]  # no temp files left
+    # checkpoint.pt and the one save directory it names (earlier saves' removed): the
+    # replica's state as one file and its manifest; no temporary files left
+    named = torch.load(ckpt / "checkpoint.pt", weights_only=True)["state"]["dir"]
+    assert sorted(os.listdir(ckpt)) == sorted(["checkpoint.pt", named]), os.listdir(ckpt)
+    assert sorted(os.listdir(ckpt / named)) == ["manifest.json", "rank-00000-of-00001.pt"]
     r = run_mpi(2, TRAIN + RECIPE + ["--out", str(out), "--checkpoint-dir", str(ckpt),
                                      "--resume"], timeout=180, check=True)
     assert "resumed from" in r.stdout, r.stdout
@@ -142,26 +148,44 @@ def test_bad_checkpoints_fail_on_every_rank(tmp_path):
                     "--checkpoint-dir", str(ckpt)]
     run_mpi(2, base, timeout=120, check=True)
     good = (ckpt / "checkpoint.pt").read_bytes()
-    cases = [  # (how to damage or mismatch, flags of the resuming run, expected message)
-        (good[:len(good) // 2], [], "cannot be read (truncated, corrupted or not written"),
-        (b"not a checkpoint at all", [], "is not a checkpoint (not a file torch.save wrote)"),
-        (good, ["--hidden", "64"], "run with --hidden 32, this run has 64"),
-        (good, ["--global-batch", "32"], "--global-batch 64, this run has 32"),
-        (good, ["--mode", "ps-bsp"], "--mode allreduce, this run has --mode ps-bsp"),
+    named = torch.load(ckpt / "checkpoint.pt", weights_only=True)["state"]["dir"]
+
+    def cut_short(d):  # the state's file cut to half, the manifest as it was
+        f = d / "rank-00000-of-00001.pt"
+        f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+    cases = [  # (how to damage or mismatch, flags of the resuming run, expected message,
+               #  what to do to a copy of the save directory beside it: None, no copy)
+        (good[:len(good) // 2], [], "cannot be read (truncated, corrupted or not written", None),
+        (b"not a checkpoint at all", [], "is not a checkpoint (not a file torch.save wrote)",
+         None),
+        (good, ["--hidden", "64"], "run with --hidden 32, this run has 64", None),
+        (good, ["--global-batch", "32"], "--global-batch 64, this run has 32", None),
+        (good, ["--mode", "ps-bsp"], "--mode allreduce, this run has --mode ps-bsp", None),
+        (good, [], "%s, which does not exist: a checkpoint is checkpoint.pt and the "
+                   "directory it names together" % named, None),
+        (good, [], "rank-00000-of-00001.pt cannot be read (damaged or cut short? size:",
+         cut_short),
     ]
-    def resume_from(i, data, flags):
-        bad = tmp_path / ("bad%d.pt" % i)
+    def resume_from(i, data, flags, damage):
+        case = tmp_path / ("case%d" % i)
+        case.mkdir()
+        bad = case / "checkpoint.pt"
         bad.write_bytes(data)
+        if damage is not None:
+            shutil.copytree(ckpt / named, case / named)
+            damage(case / named)
         return bad, run_mpi(2, base + ["--resume", str(bad)] + flags, timeout=120)
 
     # the launches at once: each is mostly start-up (imports), not CPU
     with ThreadPoolExecutor(len(cases)) as pool:
-        runs = list(pool.map(lambda c: resume_from(c[0], *c[1][:2]), enumerate(cases)))
-    for (data, flags, message), (bad, r) in zip(cases, runs):
+        runs = list(pool.map(lambda c: resume_from(c[0], c[1][0], c[1][1], c[1][3]),
+                             enumerate(cases)))
+    for (data, flags, message, _), (bad, r) in zip(cases, runs):
         assert r.returncode != 0, r.stdout
         errors = [l for l in r.stdout.splitlines() if l.startswith("hpcdl: error: ")]
         if data.startswith(b"PK"):  # a zip: read collectively, every rank says so
-            assert len(errors) == 2 and all(str(bad) in l for l in errors), r.stdout
+            # naming the file at fault: checkpoint.pt or the save directory's
+            assert len(errors) == 2 and all(str(bad.parent) in l for l in errors), r.stdout
             # each line says whose it is (docs/training.md): one of each rank
             assert sorted(l[:len("hpcdl: error: [rank 0] ")] for l in errors) == [
                 "hpcdl: error: [rank 0] ", "hpcdl: error: [rank 1] "], r.stdout
@@ -193,7 +217,6 @@ def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
         time.sleep(0.001)
     proc.kill()
     proc.wait()
-    import torch
     state = torch.load(path, weights_only=True)
     if state["step"] == 2:  # the big save may have finished before the kill: fine,
         assert state["w"].numel() == 256 * 2**20 // 4  # as long as it is whole
@@ -283,6 +306,11 @@ def test_resume_checks_auto_batch_and_adascale_from_one_read():
     def state(goodput=None, adascale=None, **old):
         return {"format": checkpoint.FORMAT, "meta": dict(meta, **old), "goodput": goodput,
                 "adascale": adascale}
+    def rooted(adascale=False):  # checkpoint.pt naming a save directory: AdaScale's state
+        st = dict(state(), state={"dir": "state-1-1"})  # is there, its meta says if any
+        del st["adascale"]
+        st["meta"]["adascale"] = adascale
+        return st
     auto = {"global_batch": 128, "changes": 1, "model": None}
     cases = [
         (state(), {}, None),
@@ -291,6 +319,9 @@ def test_resume_checks_auto_batch_and_adascale_from_one_read():
         (state(goodput=auto, global_batch=128), {"auto_batch": True}, None),
         (state(adascale={"x": 1}), {}, "with --lr-scaling adascale, this run is without it"),
         (state(), {"adascale": True}, "without --lr-scaling adascale, this run is with it"),
+        (rooted(adascale=True), {}, "with --lr-scaling adascale, this run is without it"),
+        (rooted(), {"adascale": True}, "without --lr-scaling adascale, this run is with it"),
+        (rooted(adascale=True), {"adascale": True}, None),
         (state(global_batch=128), {}, "--global-batch 128, this run has 64"),
         (state(mode="ddp-gloo"), {"mode": "ddp-hpcdl"}, None),  # DDP's, either backend
         (state(mode="ddp-gloo"), {}, "DDP checkpoints are not resumed by all-reduce runs"),

@@ -113,18 +113,19 @@ def _local_comm(monkeypatch, module):
     monkeypatch.setattr(module.comm, "raise_if_any", raise_if_any)
 
 
-def test_shard_dirs_keep_only_what_checkpoint_pt_names(tmp_path, monkeypatch):
-    # after checkpoint.pt names the new directory, every other shard directory
-    # (older saves, a save cut short, an earlier run's, another stage's) goes;
-    # other names stay. A failed write (a full disk) is one ConfigError and
-    # leaves no partial directory; a missing directory on resume is named.
-    from hpcdl.train import zero
+def test_save_dirs_keep_only_what_checkpoint_pt_names(tmp_path, monkeypatch):
+    # after checkpoint.pt names the new directory, every other save directory
+    # (older saves, a save cut short, an earlier run's, another stage's or
+    # --zero 0's) goes; other names stay. A failed write (a full disk) is one
+    # ConfigError and leaves no partial directory; a missing directory on
+    # resume is named.
+    from hpcdl.train import checkpoint
     from hpcdl.train.config import ConfigError, TrainConfig
-    _local_comm(monkeypatch, zero)
-    old = ["zero2-100-7", "zero3-200-8", "zero1-300-9"]
+    _local_comm(monkeypatch, checkpoint)
+    old = ["zero2-100-7", "zero3-200-8", "zero1-300-9", "state-400-10"]
     for name in old + ["zero2-keepme", "notes"]:
         (tmp_path / name).mkdir()
-    dirs = zero.ShardDirs(TrainConfig(checkpoint_dir=str(tmp_path)), "zero2")
+    dirs = checkpoint.SaveDirs(TrainConfig(checkpoint_dir=str(tmp_path)), "zero2")
     new = dirs.save(lambda path: os.makedirs(path))
     dirs.written()
     assert sorted(os.listdir(tmp_path)) == sorted([new, "zero2-keepme", "notes"])
@@ -137,10 +138,10 @@ def test_shard_dirs_keep_only_what_checkpoint_pt_names(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == sorted([new, "zero2-keepme", "notes"])
     resume = TrainConfig(checkpoint_dir=str(tmp_path / "elsewhere"),
                          resume=str(tmp_path / "checkpoint.pt"))
-    assert zero.ShardDirs(resume, "zero2").path_of(new) == str(tmp_path / new)
-    with pytest.raises(ConfigError, match="names the shard directory .*zero2-1-1, which does "
+    assert checkpoint.SaveDirs(resume, "zero2").path_of(new) == str(tmp_path / new)
+    with pytest.raises(ConfigError, match="names the save directory .*zero2-1-1, which does "
                                           "not exist: .* copy or move both"):
-        zero.ShardDirs(resume, "zero2").path_of("zero2-1-1")
+        checkpoint.SaveDirs(resume, "zero2").path_of("zero2-1-1")
 
 
 @pytest.mark.parametrize("stage,saved,words", [

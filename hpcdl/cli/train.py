@@ -108,8 +108,9 @@ after the same step, saves a checkpoint and exits 0 (a finished run writes
 summary.json, a stopped one does not). --resume continues from
 --checkpoint-dir/checkpoint.pt when it exists (else starts fresh); --resume
 PATH from that file. A resumed run ends with the parameters of a run that was
-never stopped. With --zero 1-3 each rank also writes its shard of the state
-into a directory beside checkpoint.pt that it names: keep them together."""
+never stopped. checkpoint.pt names a save directory beside it that holds
+the model and optimizer state (at --zero 1-3 one file per rank, each its
+shard): keep them together."""
 
 
 def _ints(example):

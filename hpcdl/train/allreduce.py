@@ -19,7 +19,8 @@ in the middle of a pass over the data if need be.
 
 State saved: the replica (model, optimizer, schedule, loss scale, RNG) as
 every rank holds it, plus each rank's top-k residuals and AdaScale's progress
-and noise estimates; rank 0 writes it.
+and noise estimates; rank 0 writes it as a one-file save directory beside
+checkpoint.pt (train/checkpoint.py).
 The loop around it is trainer.py's; the interface it fills is described there.
 """
 import math
@@ -63,6 +64,7 @@ class AllReduce:
         self.noise_on = False  # DistributedOptimizer measures the noise scale (build())
         self.n_train = None    # training samples, set by the trainer before build()
         self.base_total = None  # adascale: the base schedule's steps (the end of training)
+        self.dirs = checkpoint.SaveDirs(cfg, "state")  # zero.py's keep one per stage
 
     # ------------------------------------------------------------ set-up
     def build(self, model, steps):
@@ -189,6 +191,15 @@ class AllReduce:
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self):
+        """Collective: the replica's state written as a one-file save directory
+        beside checkpoint.pt, which names it (checkpoint.py)."""
+        return self.dirs.save_state(self.replica_state())
+
+    def checkpoint_written(self):
+        """After checkpoint.pt is on disk: the save directories it no longer names go."""
+        self.dirs.written()
+
+    def replica_state(self):
         """Everything of the replica the next step depends on (see checkpoint.py)."""
         compression = getattr(self.compression, "state_dict", None)  # stateful: top-k
         return {

@@ -1,6 +1,8 @@
-"""checkpoint.py - the trainer's checkpoints: written atomically by rank 0,
-read back with torch.load(weights_only=True) (tensors and plain values only, no
-arbitrary pickle), checked against the run before anything is restored.
+"""checkpoint.py - the trainer's checkpoints: every rank's state in hpcdl's
+one sharded format (utils/sharded.py), committed by checkpoint.pt, written
+atomically by rank 0; read back with torch.load(weights_only=True) (tensors
+and plain values only, no arbitrary pickle), checked against the run before
+anything is restored.
 
 A checkpoint holds everything the next step depends on: model, optimizer,
 LR schedule, loss scale, the data position (epoch, step within it; the order
@@ -9,30 +11,51 @@ residuals, and the partial sums of the interrupted epoch's metrics. So a run
 stopped anywhere and resumed ends with exactly the parameters of a run that
 never stopped.
 
-Atomic: the file is written under a temporary name in the same directory,
-flushed to disk, then renamed over checkpoint.pt; a kill during the save
-leaves the previous checkpoint whole. checkpoint.pt is the checkpoint's root:
-at --zero 1-3 the per-rank state is a save directory of hpcdl's one sharded
-format (utils/sharded.py) beside it, written first and named by it
-(train/zero.py), so the rename of checkpoint.pt commits the whole save as a
-manifest commits a directory.
+    DIR/checkpoint.pt              the root: format, meta (what a resuming run
+                                   is checked against), the loop's position,
+                                   sums and --global-batch auto's state, and
+                                   the name of the save directory beside it
+    DIR/state-<time>-<pid>/        --zero 0 (every --mode but ZeRO's): the
+                                   strategy's state (model, optimizer, schedule,
+                                   loss scale, RNG, every rank's top-k
+                                   residuals, AdaScale's; a parameter server's
+                                   shards) as one file and its manifest
+    DIR/zero1|2|3-<time>-<pid>/    --zero 1-3: one file per rank (its pieces and
+                                   their optimizer state) and a manifest
+                                   (hpcdl/torch/zero); checkpoint.pt keeps the
+                                   rest (train/zero.py)
+
+Atomic: every file is written under a temporary name in the same directory,
+flushed to disk, then renamed; a save directory is fresh for each save and
+written first, so the rename of checkpoint.pt commits the whole save as a
+manifest commits a directory, and a kill during the save leaves the previous
+checkpoint whole. After the rename rank 0 removes every other save directory
+(SaveDirs.written). checkpoint.pt and the directory it names belong together:
+copy or move both. checkpoint.pt files of one piece (hpcdl before this layout,
+72df3c7's among them) are read as before.
 
 Everything a run is checked against before anything is restored is here
-(meta_of, _mismatch), from one read of the file: the model, data, batch,
+(meta_of, _mismatch), from one read of checkpoint.pt: the model, data, batch,
 optimizer, seed, --mode, and whether the checkpoint was written under
 --global-batch auto (a run with it adopts the checkpoint's batch) and under
---lr-scaling adascale.
+--lr-scaling adascale. Then the save directory is read; a missing, partial
+or damaged one is a one-line ConfigError on every rank.
 """
 import os
+import shutil
 
 import torch
 
 from .. import comm
+from ..utils import sharded
 from ..utils.atomic import atomic_open
 from .errors import ConfigError
 
 FORMAT = 1
 FILENAME = "checkpoint.pt"
+STATE = "state"  # checkpoint.pt's key naming the save directory of the strategy's state
+KIND = "train"   # that directory's manifest kind
+SAVE_DIRS = "state|zero[123]"  # the prefixes of SaveDirs' directories (utils/sharded.py names)
 
 
 def path_in(directory):
@@ -81,8 +104,9 @@ def save(path, state):
 
 
 def load(path, cfg, model):
-    """The checkpoint at path, checked against this run (collective: every
-    rank reads it and every rank raises ConfigError if any rank could not)."""
+    """The checkpoint at path, checked against this run, with the strategy's
+    state from the save directory it names merged in (collective: every rank
+    reads them and every rank raises ConfigError if any rank could not)."""
     error, state = None, None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -92,8 +116,92 @@ def load(path, cfg, model):
     except Exception as e:  # torch/zip/pickle errors of a damaged file
         error = ("checkpoint %s cannot be read (truncated, corrupted or not written by hpcdl "
                  "train; %s); delete it or resume from another" % (path, type(e).__name__))
+    if error is None and STATE in state:
+        try:
+            state = dict(state, **sharded.read_single(beside(path, state[STATE]["dir"]),
+                                                      KIND)[STATE])
+        except ValueError as e:  # missing, cut short, damaged: sharded.py's one line
+            error = str(e)
     comm.raise_if_any(error, ConfigError)
     return state
+
+
+def beside(root, name):
+    """The save directory `name` beside the checkpoint.pt at root; a
+    ValueError with one line when it is not there."""
+    path = os.path.join(os.path.dirname(os.path.abspath(root)), name)
+    if not os.path.isdir(path):
+        raise ValueError("%s names the save directory %s, which does not exist: a checkpoint "
+                         "is checkpoint.pt and the directory it names together; copy or move "
+                         "both" % (root, path))
+    return path
+
+
+class SaveDirs:
+    """The save directories of a strategy's checkpoints: a fresh one per
+    save, written before checkpoint.pt, so the rename of checkpoint.pt
+    switches from one whole checkpoint to the next. Once checkpoint.pt names
+    the new one (written()), rank 0 removes every other save directory in
+    checkpoint_dir: older saves, a save cut short, an earlier run's (of any
+    stage)."""
+
+    def __init__(self, cfg, prefix):
+        self.cfg, self.prefix = cfg, prefix
+        self.current = None  # the directory of this run's latest save
+
+    def save(self, write):
+        """Collective: write(path) into a fresh directory (the same name on
+        every rank); returns its name. An OSError on any rank (a full disk) is
+        a ConfigError on every rank, and the partial directory is removed."""
+        name = comm.bcast_object(sharded.new_dir_name(self.prefix))
+        path = os.path.join(self.cfg.checkpoint_dir, name)
+        try:
+            write(path)
+        except OSError as e:
+            if comm.rank() == 0:
+                shutil.rmtree(path, ignore_errors=True)
+            raise ConfigError("could not write the sharded checkpoint (%s); the previous "
+                              "checkpoint is unchanged" % e) from None
+        self.current = name
+        return name
+
+    def save_state(self, state):
+        """Collective: state (the same on every rank; rank 0's is written) as
+        a one-file save; returns what checkpoint.pt holds in its place (load()
+        merges it back)."""
+        def write(path):
+            error = None
+            if comm.rank() == 0:
+                try:
+                    sharded.write_single(path, KIND, {STATE: state})
+                except OSError as e:
+                    error = str(e)
+            comm.raise_if_any(error, OSError)
+        return {STATE: {"dir": self.save(write)}}
+
+    def written(self):
+        """After checkpoint.pt names self.current: the other directories go."""
+        if comm.rank() == 0 and self.current is not None:
+            sharded.prune(self.cfg.checkpoint_dir, SAVE_DIRS, keep=self.current)
+
+    def path_of(self, name):
+        """Collective: the directory `name` beside the checkpoint.pt being
+        resumed; a ConfigError on every rank when it is not there."""
+        error, path = None, None
+        try:
+            path = beside(resumed_path(self.cfg), name)
+        except ValueError as e:
+            error = str(e)
+        comm.raise_if_any(error, ConfigError)
+        return path
+
+    def load(self, name, read):
+        """Collective: read(path of directory `name`); the loaders' ValueError
+        (raised on every rank alike) becomes the trainer's ConfigError."""
+        try:
+            read(self.path_of(name))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 def _mismatch(path, state, meta):
@@ -111,7 +219,9 @@ def _mismatch(path, state, meta):
                 "that batch, not auto" % path if meta.get("auto_batch") else
                 "checkpoint %s was written by a run with --global-batch auto; resume it with "
                 "--global-batch auto" % path)
-    adascale = state.get("adascale") is not None
+    # a checkpoint.pt of one piece holds AdaScale's state; with a save directory, its meta says
+    adascale = state["adascale"] is not None if "adascale" in state else bool(
+        old.get("adascale"))
     if adascale != meta.get("adascale", False):
         return ("checkpoint %s was written by a run %s --lr-scaling adascale, this run is %s "
                 "it; resume with the same --lr-scaling"

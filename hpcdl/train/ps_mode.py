@@ -13,12 +13,13 @@ fp32, no compression; signals and checkpoints take effect between epochs;
 only ps-bsp resumes bit-exactly (asp and ssp depend on timing).
 
 State saved: the servers' shards, momentum and counters (PSTrainer.state_dict,
-gathered on every rank) and the lr schedule's position.
+gathered on every rank) and the lr schedule's position, as a one-file save
+directory beside checkpoint.pt (train/checkpoint.py).
 """
 import torch
 import torch.nn.functional as F
 
-from . import build
+from . import build, checkpoint
 from .errors import ConfigError
 
 
@@ -30,6 +31,7 @@ class ParameterServer:
         torch.set_num_threads(1)
         self.device = torch.device("cpu")
         self.ps = self.opt = self.sched = None
+        self.dirs = checkpoint.SaveDirs(cfg, "state")
 
     # ------------------------------------------------------------ set-up
     def build(self, model, steps):
@@ -109,7 +111,13 @@ class ParameterServer:
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self):
-        return {"ps": self.ps.state_dict(), "scheduler": self.sched.state_dict()}
+        """Collective: written as a one-file save directory beside
+        checkpoint.pt, which names it (checkpoint.py)."""
+        return self.dirs.save_state({"ps": self.ps.state_dict(),
+                                     "scheduler": self.sched.state_dict()})
+
+    def checkpoint_written(self):
+        self.dirs.written()
 
     def load_state_dict(self, state):
         self.ps.load_state_dict(state["ps"])

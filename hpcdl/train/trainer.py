@@ -47,7 +47,8 @@ change. A strategy never imports this module; this module imports them.
                                            (loss sum, correct, samples) per step taken
     .end_epoch(run) -> dict                collective; extra fields of the epoch record
     .done() -> bool or None                optional: the run is over (None: after --epochs)
-    .state_dict() / .load_state_dict(s)    the strategy's part of a checkpoint
+    .state_dict() / .load_state_dict(s)    the strategy's part of a checkpoint (collective:
+                                           written into a save directory, checkpoint.py)
     .checkpoint_written()                  optional: after checkpoint.pt is on disk
     .finish() -> dict                      collective, after the last epoch; extra summary
                                            fields (optimizer, precision, skipped_steps, ...)
@@ -244,7 +245,7 @@ def save_checkpoint(run):
     path = checkpoint.path_in(run.cfg.checkpoint_dir)
     checkpoint.save(path, state_of(run))
     written = getattr(run.strategy, "checkpoint_written", None)
-    if written is not None:  # ZeRO: shard directories checkpoint.pt no longer names
+    if written is not None:  # the save directories checkpoint.pt no longer names go
         written()
     return path
 

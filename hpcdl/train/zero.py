@@ -9,82 +9,23 @@ Everything else is allreduce.py's: the data slices, the fp16 loss scale (its
 overflow check reads this rank's gradient shard, agreed by every rank).
 
 Checkpoints of every stage are sharded: each rank writes its own pieces and
-their optimizer state into a directory beside checkpoint.pt (one file per
-rank plus a manifest; hpcdl/torch/zero/checkpoint.py), so no rank ever holds
-the whole optimizer. checkpoint.pt (rank 0) names that directory and holds
-the rest (stages 1-2: the whole model, which every rank has). Resuming
+their optimizer state into a save directory beside checkpoint.pt (one file
+per rank plus a manifest; hpcdl/torch/zero/checkpoint.py; directories as
+train/checkpoint.py's SaveDirs keeps them), so no rank ever holds the whole
+optimizer. checkpoint.pt (rank 0) names that directory and holds the rest
+(stages 1-2: the whole model, which every rank has). Resuming
 reshards to the current rank count; stages 1 and 2 resume each other's
 checkpoints, and a --zero 0 checkpoint's whole optimizer; a run resumed on
 the same ranks ends with exactly the parameters of one that never stopped.
 """
-import os
-import shutil
-
 import torch
 
 from .. import comm
 from ..torch.zero import checkpoint as zero3_checkpoint, checkpoint12, shard_model
-from ..utils import sharded
 from . import build, checkpoint
 from .allreduce import AllReduce
 from .errors import ConfigError
 from .precision import LossScaler
-
-
-SHARD_DIRS = "zero[123]"  # the prefixes of ShardDirs' directories (utils/sharded.py names)
-
-
-class ShardDirs:
-    """The shard directories of a run's checkpoints: a fresh one per save,
-    written before checkpoint.pt, so the rename of checkpoint.pt switches
-    from one whole checkpoint to the next. Once checkpoint.pt names the new
-    one (written()), rank 0 removes every other shard directory in
-    checkpoint_dir: older saves, a save cut short, an earlier run's."""
-
-    def __init__(self, cfg, prefix):
-        self.cfg, self.prefix = cfg, prefix
-        self.current = None  # the directory of this run's latest save
-
-    def save(self, write):
-        """Collective: write(path) into a fresh directory (the same name on
-        every rank); returns its name. An OSError on any rank (a full disk) is
-        a ConfigError on every rank, and the partial directory is removed."""
-        name = comm.bcast_object(sharded.new_dir_name(self.prefix))
-        path = os.path.join(self.cfg.checkpoint_dir, name)
-        try:
-            write(path)
-        except OSError as e:
-            if comm.rank() == 0:
-                shutil.rmtree(path, ignore_errors=True)
-            raise ConfigError("could not write the sharded checkpoint (%s); the previous "
-                              "checkpoint is unchanged" % e) from None
-        self.current = name
-        return name
-
-    def written(self):
-        """After checkpoint.pt names self.current: the other directories go."""
-        if comm.rank() == 0 and self.current is not None:
-            sharded.prune(self.cfg.checkpoint_dir, SHARD_DIRS, keep=self.current)
-
-    def path_of(self, name):
-        """Collective: the directory `name` beside the checkpoint.pt being
-        resumed; a ConfigError on every rank when it is not there."""
-        ckpt = checkpoint.resumed_path(self.cfg)
-        path = os.path.join(os.path.dirname(os.path.abspath(ckpt)), name)
-        error = None if os.path.isdir(path) else (
-            "%s names the shard directory %s, which does not exist: at --zero 1-3 a "
-            "checkpoint is checkpoint.pt and the directory it names together; copy or "
-            "move both" % (ckpt, path))
-        comm.raise_if_any(error, ConfigError)
-        return path
-
-    def load(self, name, read):
-        """Collective: read(path of directory `name`); the loaders' ValueError
-        (raised on every rank alike) becomes the trainer's ConfigError."""
-        try:
-            read(self.path_of(name))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
 
 
 class Zero(AllReduce):
@@ -94,7 +35,7 @@ class Zero(AllReduce):
         super().__init__(cfg)
         self.zero_stage = cfg.zero
         _refuse_gpu(self.device, cfg.zero)
-        self.dirs = ShardDirs(cfg, "zero%d" % cfg.zero)
+        self.dirs = checkpoint.SaveDirs(cfg, "zero%d" % cfg.zero)
 
     def describe(self, ds):
         return "%s, ZeRO stage %d" % (super().describe(ds), self.zero_stage)
@@ -109,14 +50,16 @@ class Zero(AllReduce):
         every = comm.allgather_object(self.state_bytes())
         return dict(extra, zero_stage=self.zero_stage, optimizer_state_bytes=max(every))
 
+    def state_dict(self):
+        """Collective: checkpoint.pt holds the replica's state itself, its
+        optimizer part the name of the shard directory (optimizer_state)."""
+        return self.replica_state()
+
     def optimizer_state(self):
         """Collective: each rank writes its pieces and their optimizer state
         into a fresh shard directory; checkpoint.pt names it."""
         name = self.dirs.save(lambda path: checkpoint12.save_sharded(self.opt, path))
         return {"zero12": {"dir": name, "stage": self.zero_stage, "ranks": comm.size()}}
-
-    def checkpoint_written(self):
-        self.dirs.written()
 
     def load_optimizer(self, state):
         """Collective: this rank's pieces and state from the shard directory
@@ -150,7 +93,7 @@ class Zero3(AllReduce):
         self.zero_stage = 3
         _refuse_gpu(self.device, 3)
         self.shards = None
-        self.dirs = ShardDirs(cfg, "zero3")
+        self.dirs = checkpoint.SaveDirs(cfg, "zero3")
 
     def build(self, model, steps):
         """Shards the model (rank 0's weights on every rank), then the local
@@ -221,9 +164,6 @@ class Zero3(AllReduce):
                 "scheduler": self.sched.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": {"torch": torch.get_rng_state()}, "ranks": comm.size()}
-
-    def checkpoint_written(self):
-        self.dirs.written()
 
     def load_state_dict(self, state):
         if "zero3" not in state:

@@ -17,7 +17,9 @@ ValueError with one line naming the file and what to do.
 This module only reads and writes files; the collectives around it (agreeing
 on the save's id, gathering the parts' entries to the rank that writes the
 manifest, raising on every rank) are the callers': hpcdl/torch/zero
-(stages 1-3), hpcdl/train (the trainer) and hpcdl/torch/elastic (commits).
+(stages 1-3, one file per rank), hpcdl/train/checkpoint.py (the trainer's
+replicated state at --zero 0, every --mode but ZeRO's: one file) and
+hpcdl/torch/elastic (commits: one file).
 
 Manifests of format 1 (ZeRO's before this module; no kind, no sizes or
 checksums) are read as before.
@@ -102,10 +104,11 @@ def write_manifest(directory, kind, save, entries, **fields):
 
 
 # ---------------------------------------------------------------- read
-def read_manifest(directory, kind=None, ranks=None):
+def read_manifest(directory, kind=None):
     """The manifest of a complete save, checked: its format, its kind (when
-    both it and the caller name one), every file present, and (ranks given)
-    the rank count. A ValueError with one line otherwise."""
+    both it and the caller name one), every file present. A ValueError with
+    one line otherwise. (The rank count is the caller's to judge: ZeRO
+    reshards to any, the trainer's and elastic's saves are one file.)"""
     path = os.path.join(directory, MANIFEST)
     try:
         with open(path) as f:
@@ -126,9 +129,6 @@ def read_manifest(directory, kind=None, ranks=None):
     if kind is not None and m.get("kind") not in (None, kind):
         raise ValueError("%s is a %s checkpoint, not a %s one; give this run a %s checkpoint"
                          % (directory, m["kind"], kind, kind))
-    if ranks is not None and m["ranks"] != ranks:
-        raise ValueError("sharded checkpoint %s was saved by %d ranks, this job has %d; "
-                         "resume it on %d ranks" % (directory, m["ranks"], ranks, m["ranks"]))
     missing = [f for f in m["files"] if not os.path.exists(os.path.join(directory, f))]
     if missing or len(m["files"]) != m["ranks"]:
         raise ValueError("sharded checkpoint %s is missing rank file(s) %s of %d; copy the "
@@ -171,6 +171,21 @@ def read_shard(directory, manifest, rank, weights_only=True):
     if "sha256" in manifest and _file_sha256(path) != manifest["sha256"][rank]:
         raise damaged("checksum: its sha256 differs from the manifest's.")
     return part
+
+
+# ---------------------------------------------------------------- one-file saves
+def write_single(directory, kind, part, **fields):
+    """A save of one file (rank 0 of 1) and its manifest, by one process:
+    the trainer's replicated state (train/checkpoint.py), elastic's commits.
+    An OSError with one line on failure."""
+    save = new_save_id()
+    entry = write_shard(directory, 0, 1, save, part)
+    return write_manifest(directory, kind, save, [entry], **fields)
+
+
+def read_single(directory, kind, weights_only=True):
+    """write_single's part, checked as read_manifest and read_shard check."""
+    return read_shard(directory, read_manifest(directory, kind=kind), 0, weights_only)
 
 
 def quote(text, limit=160):

@@ -19,14 +19,14 @@ from hpcdl import comm
 from hpcdl.train import TrainConfig, train, trainer
 
 scratch = sys.argv[1]
-KEEP = os.path.join(scratch, "after-epoch-2.pt")
+KEEP = os.path.join(scratch, "after-epoch-2")  # checkpoint.pt and the save directory it names
 saved = trainer.save_checkpoint
 
 
 def save_and_keep(run):
     path = saved(run)
     if run.epoch == 3 and comm.rank() == 0 and not os.path.exists(KEEP):
-        shutil.copy(path, KEEP)  # written after epoch 2: the position is epoch 3 step 0
+        shutil.copytree(os.path.dirname(path), KEEP)  # after epoch 2: at epoch 3 step 0
     comm.barrier()
     return path
 
@@ -66,7 +66,7 @@ def ending(summary):
 
 
 a = train(config("a", repick_steps=0))
-b = train(config("b", repick_steps=0, resume=KEEP))
+b = train(config("b", repick_steps=0, resume=os.path.join(KEEP, "checkpoint.pt")))
 c = train(config("c", repick_steps=10))  # re-picks within epochs too
 d = train(config("d", repick_steps=10, resume=os.path.join(MID, "checkpoint.pt")))
 if comm.rank() == 0:

@@ -44,9 +44,7 @@ def save(payload):
         return None
     name = sharded.new_dir_name(PREFIX)
     path = os.path.join(d, name)
-    save_id = sharded.new_save_id()
-    entry = sharded.write_shard(path, 0, 1, save_id, {"payload": payload})
-    sharded.write_manifest(path, KIND, save_id, [entry], size=payload.get("size"))
+    sharded.write_single(path, KIND, {"payload": payload}, size=payload.get("size"))
     sharded.prune(d, PREFIX, keep=name)
     legacy = os.path.join(d, LEGACY_FILE)
     if os.path.exists(legacy):  # superseded by this commit
@@ -66,8 +64,7 @@ def load():
     if path is None:
         return _load_legacy(os.path.join(d, LEGACY_FILE))
     try:
-        manifest = sharded.read_manifest(path, kind=KIND)
-        return sharded.read_shard(path, manifest, 0, weights_only=False)["payload"]
+        return sharded.read_single(path, KIND, weights_only=False)["payload"]
     except (ValueError, KeyError) as e:
         raise RuntimeError("elastic: cannot read the last commit %s (%s); delete it to start "
                            "from scratch (each commit removes the ones before it; a legacy "
