@@ -301,7 +301,7 @@ def test_resume_checks_auto_batch_and_adascale_from_one_read():
     from hpcdl.train import checkpoint
     meta = {"model": "mlp", "mode": "allreduce", "hidden": [32], "data": "digits",
             "global_batch": 64, "optimizer": "sgd", "seed": 0, "epochs": 2,
-            "auto_batch": False, "adascale": False, "shapes": {"w": [2, 2]}}
+            "auto_batch": False, "adascale": False, "zero": 0, "shapes": {"w": [2, 2]}}
 
     def state(goodput=None, adascale=None, **old):
         return {"format": checkpoint.FORMAT, "meta": dict(meta, **old), "goodput": goodput,
@@ -327,6 +327,9 @@ def test_resume_checks_auto_batch_and_adascale_from_one_read():
         (state(mode="ddp-gloo"), {}, "DDP checkpoints are not resumed by all-reduce runs"),
         (state(), {"mode": "ddp-gloo"}, "all-reduce checkpoints are not resumed by DDP runs"),
         (state(mode="ps-sync"), {"mode": "ddp-hpcdl"}, "parameter-server checkpoints are not"),
+        # the --zero stage, from the entries naming the shard directory (test_zero3 has all)
+        (dict(state(), zero3={"dir": "zero3-1-1"}), {}, "sharded by --zero 3"),
+        (dict(state(), zero12={"dir": "zero2-1-1", "stage": 2}), {"zero": 1}, None),
     ]
     for st, run, want in cases:
         got = checkpoint._mismatch("c.pt", st, dict(meta, **run))

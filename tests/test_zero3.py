@@ -22,6 +22,7 @@ another rank count is the checkpoint test's resharding; by hand, 2 -> 3
 ranks ended 1.4e-4 relative from the 2-rank run: fp16 forward on other batch
 slices)."""
 import os
+import re
 
 import pytest
 
@@ -152,20 +153,17 @@ def test_save_dirs_keep_only_what_checkpoint_pt_names(tmp_path, monkeypatch):
                                              "--zero 1 or 2"),
     (3, {"model": {}}, r"written with --zero 0\); .* resume it with --zero 0, 1 or 2")])
 def test_train_refuses_another_stages_checkpoint(stage, saved, words):
-    # before any file is read or any collective: every rank raises alike, in
-    # one line naming the checkpoint file (--resume PATH, or the one in
-    # --checkpoint-dir)
-    from hpcdl.train import allreduce, zero
-    from hpcdl.train.config import ConfigError, TrainConfig
-    cls = {0: allreduce.AllReduce, 1: zero.Zero, 3: zero.Zero3}[stage]
-    for cfg, path in ((TrainConfig(resume="/runs/a/checkpoint.pt"), "/runs/a/checkpoint.pt"),
-                      (TrainConfig(resume="auto", checkpoint_dir="/runs/b"),
-                       "/runs/b/checkpoint.pt")):
-        strategy = object.__new__(cls)
-        strategy.zero_stage, strategy.cfg = stage, cfg
-        with pytest.raises(ConfigError, match=r"^checkpoint %s holds .*%s" % (path, words)) as e:
-            strategy.load_state_dict(saved)
-        assert "\n" not in str(e.value)
+    # checked from checkpoint.pt alone, before its save directory is read or
+    # anything restored (checkpoint.load: every rank alike), in one line
+    # naming the checkpoint file; the stages that do resume each other pass
+    from hpcdl.train import checkpoint
+    for path in ("/runs/a/checkpoint.pt", "/runs/b/checkpoint.pt"):
+        line = checkpoint.stage_mismatch(path, saved, stage)
+        assert re.match(r"^checkpoint %s holds .*%s" % (path, words), line), line
+        assert "\n" not in line
+    was = checkpoint.saved_stage(saved)
+    assert all(checkpoint.stage_mismatch("p", saved, s) is None
+               for s in checkpoint.RESUMES if was in checkpoint.RESUMES[s])
 
 
 @pytest.mark.parametrize("stage", [1, 3])

@@ -29,12 +29,11 @@ import os
 import torch
 
 from .. import comm
-from . import build, checkpoint, data
+from . import build, data
 from .precision import LossScaler, autocast
 from .. import torch as hvd
 from ..optim.adascale import ScaleInvariantScheduler
 from ..utils.device import select_device
-from .errors import ConfigError
 
 
 def noise_scale_option(cfg):
@@ -55,6 +54,8 @@ def pick_device():
 class AllReduce:
     """Gradients meet in DistributedOptimizer's all-reduce; every rank steps alike."""
 
+    save_prefix = "state"  # the name of its save directories (zero.py's: one per stage)
+
     def __init__(self, cfg):
         self.cfg = cfg
         self.device = pick_device()
@@ -64,7 +65,6 @@ class AllReduce:
         self.noise_on = False  # DistributedOptimizer measures the noise scale (build())
         self.n_train = None    # training samples, set by the trainer before build()
         self.base_total = None  # adascale: the base schedule's steps (the end of training)
-        self.dirs = checkpoint.SaveDirs(cfg, "state")  # zero.py's keep one per stage
 
     # ------------------------------------------------------------ set-up
     def build(self, model, steps):
@@ -190,20 +190,17 @@ class AllReduce:
         return extra
 
     # ------------------------------------------------------------ checkpoints
-    def state_dict(self):
-        """Collective: the replica's state written as a one-file save directory
-        beside checkpoint.pt, which names it (checkpoint.py)."""
-        return self.dirs.save_state(self.replica_state())
+    def save(self, dirs):
+        """Collective: the replica's state written by dirs (the run's
+        checkpoint.SaveDirs) as a one-file save directory; returns
+        checkpoint.pt's entry naming it."""
+        return dirs.save_state(self.replica_state(dirs))
 
-    def checkpoint_written(self):
-        """After checkpoint.pt is on disk: the save directories it no longer names go."""
-        self.dirs.written()
-
-    def replica_state(self):
+    def replica_state(self, dirs):
         """Everything of the replica the next step depends on (see checkpoint.py)."""
         compression = getattr(self.compression, "state_dict", None)  # stateful: top-k
         return {
-            "model": self.model.state_dict(), **self.optimizer_state(),
+            "model": self.model.state_dict(), **self.optimizer_state(dirs),
             "scheduler": self.sched.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "rng": {"torch": torch.get_rng_state()},
@@ -213,10 +210,11 @@ class AllReduce:
             "adascale": self.adascale().state_dict() if self.adascale() else None,
         }
 
-    def load_state_dict(self, state):
-        self.check_sharding(state)  # --lr-scaling adascale: checkpoint._mismatch checked it
+    def restore(self, state, dirs):
+        """Collective: the state save() wrote (checkpoint.load merged its save
+        directory in; sharded parts are read through dirs)."""
         self.model.load_state_dict(state["model"])
-        self.load_optimizer(state)
+        self.load_optimizer(state, dirs)
         self.sched.load_state_dict(state["scheduler"])
         if self.adascale() is not None:
             self.adascale().load_state_dict(state["adascale"])
@@ -232,21 +230,10 @@ class AllReduce:
                           "from zero (the run will not match an uninterrupted one exactly)"
                           % (state["ranks"], comm.size()))
 
-    def optimizer_state(self):
+    def optimizer_state(self, dirs):
         """The checkpoint's optimizer part: the whole optimizer (every rank has it)."""
         return {"optimizer": self.opt.state_dict()}
 
-    def load_optimizer(self, state):
+    def load_optimizer(self, state, dirs):
         self.opt.load_state_dict(state["optimizer"])
 
-    def check_sharding(self, state):
-        """A ConfigError (every rank alike, before anything is restored) when
-        the checkpoint's state is sharded in a way this strategy cannot read."""
-        path = checkpoint.resumed_path(self.cfg)
-        if "zero3" in state:  # sharded model: its files name the ranks and layout
-            raise ConfigError("checkpoint %s holds a model sharded by --zero 3; resume it "
-                              "with --zero 3 (on any rank count)" % path)
-        if "zero12" in state and not self.zero_stage:  # one optimizer file per rank
-            raise ConfigError("checkpoint %s holds an optimizer sharded by --zero %d; "
-                              "resume it with --zero 1 or 2 (on any rank count)"
-                              % (path, state["zero12"]["stage"]))

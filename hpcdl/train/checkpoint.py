@@ -36,7 +36,8 @@ copy or move both. checkpoint.pt files of one piece (hpcdl before this layout,
 
 Everything a run is checked against before anything is restored is here
 (meta_of, _mismatch), from one read of checkpoint.pt: the model, data, batch,
-optimizer, seed, --mode, and whether the checkpoint was written under
+optimizer, seed, --mode, the --zero stage (stage_mismatch: 1 and 2 resume
+each other and 0; 3 only its own), and whether the checkpoint was written under
 --global-batch auto (a run with it adopts the checkpoint's batch) and under
 --lr-scaling adascale. Then the save directory is read; a missing, partial
 or damaged one is a one-line ConfigError on every rank.
@@ -76,7 +77,7 @@ def meta_of(cfg, model):
             "global_batch": cfg.global_batch, "optimizer": cfg.optimizer,
             "seed": cfg.seed, "epochs": cfg.epochs,
             "auto_batch": bool(getattr(cfg, "auto_batch", False)),
-            "adascale": cfg.lr_scaling == "adascale",
+            "adascale": cfg.lr_scaling == "adascale", "zero": cfg.zero,
             "shapes": _shapes(model)}
 
 
@@ -213,6 +214,9 @@ def _mismatch(path, state, meta):
         return ("checkpoint %s was written by a run with --mode %s, this run has --mode %s; "
                 "%s checkpoints are not resumed by %s runs: resume with --mode %s"
                 % (path, was, meta["mode"], _family(was), _family(meta["mode"]), was))
+    stage = stage_mismatch(path, state, meta["zero"])
+    if stage:
+        return stage
     auto = state.get("goodput") is not None
     if auto != meta.get("auto_batch", False):
         return ("checkpoint %s was written by a run with a fixed --global-batch; resume it with "
@@ -240,6 +244,36 @@ def _mismatch(path, state, meta):
                 "--model %s here (%d tensors)" % (path, len(old["shapes"]), meta["model"],
                                                   len(meta["shapes"])))
     return None
+
+
+# the --zero stages whose checkpoints each stage resumes: 1 and 2 shard the
+# optimizer alike and take a whole one too; 3 shards the model itself
+RESUMES = {0: (0,), 1: (0, 1, 2), 2: (0, 1, 2), 3: (3,)}
+
+
+def saved_stage(state):
+    """The --zero stage checkpoint.pt's state was written at (any hpcdl's:
+    read from the entries that name its shard directory)."""
+    if "zero3" in state:
+        return 3
+    return state["zero12"]["stage"] if "zero12" in state else 0
+
+
+def stage_mismatch(path, state, stage):
+    """None when a run at --zero `stage` can resume state (checkpoint.pt's),
+    else the one line that says which stage can."""
+    was = saved_stage(state)
+    if was in RESUMES[stage]:
+        return None
+    if was == 3:
+        return ("checkpoint %s holds a model sharded by --zero 3; resume it with --zero 3 (on "
+                "any rank count)" % path)
+    if stage == 3:
+        return ("checkpoint %s holds an unsharded model (written with --zero %d); --zero 3 "
+                "resumes only its own sharded checkpoints: resume it with --zero %s"
+                % (path, was, "1 or 2" if was else "0, 1 or 2"))
+    return ("checkpoint %s holds an optimizer sharded by --zero %d; resume it with --zero 1 "
+            "or 2 (on any rank count)" % (path, was))
 
 
 def _family(mode):

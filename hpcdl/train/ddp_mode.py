@@ -155,7 +155,7 @@ class DDP(AllReduce):
     def finish(self):
         return dict(super().finish(), ddp_backend=self.backend)
 
-    def load_state_dict(self, state):
+    def restore(self, state, dirs):
         """A checkpoint of whole replicas (DDP's: checkpoint.py refuses other
         modes' by the mode they record); one from before modes were recorded
         that holds no model is a parameter server's, refused here."""
@@ -163,4 +163,4 @@ class DDP(AllReduce):
             raise ConfigError("checkpoint %s holds no whole model (a parameter server's, from "
                               "an hpcdl that did not record --mode); resume it with its --mode "
                               "ps-*" % checkpoint.resumed_path(self.cfg))
-        super().load_state_dict(state)
+        super().restore(state, dirs)

@@ -19,19 +19,20 @@ directory beside checkpoint.pt (train/checkpoint.py).
 import torch
 import torch.nn.functional as F
 
-from . import build, checkpoint
+from . import build
 from .errors import ConfigError
 
 
 class ParameterServer:
     """Gradients are pushed to the servers' shards; parameters pulled back."""
 
+    save_prefix = "state"
+
     def __init__(self, cfg):
         self.cfg = cfg
         torch.set_num_threads(1)
         self.device = torch.device("cpu")
         self.ps = self.opt = self.sched = None
-        self.dirs = checkpoint.SaveDirs(cfg, "state")
 
     # ------------------------------------------------------------ set-up
     def build(self, model, steps):
@@ -110,15 +111,12 @@ class ParameterServer:
                     skipped_steps=0)
 
     # ------------------------------------------------------------ checkpoints
-    def state_dict(self):
-        """Collective: written as a one-file save directory beside
+    def save(self, dirs):
+        """Collective: written by dirs as a one-file save directory beside
         checkpoint.pt, which names it (checkpoint.py)."""
-        return self.dirs.save_state({"ps": self.ps.state_dict(),
-                                     "scheduler": self.sched.state_dict()})
+        return dirs.save_state({"ps": self.ps.state_dict(),
+                                "scheduler": self.sched.state_dict()})
 
-    def checkpoint_written(self):
-        self.dirs.written()
-
-    def load_state_dict(self, state):
+    def restore(self, state, dirs):
         self.ps.load_state_dict(state["ps"])
         self.sched.load_state_dict(state["scheduler"])

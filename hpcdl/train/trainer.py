@@ -47,9 +47,11 @@ change. A strategy never imports this module; this module imports them.
                                            (loss sum, correct, samples) per step taken
     .end_epoch(run) -> dict                collective; extra fields of the epoch record
     .done() -> bool or None                optional: the run is over (None: after --epochs)
-    .state_dict() / .load_state_dict(s)    the strategy's part of a checkpoint (collective:
-                                           written into a save directory, checkpoint.py)
-    .checkpoint_written()                  optional: after checkpoint.pt is on disk
+    .save_prefix                           the name of its save directories (checkpoint.py)
+    .save(dirs) -> dict                    collective: writes its state into a fresh save
+                                           directory through dirs (the run's SaveDirs);
+                                           returns checkpoint.pt's entries naming it
+    .restore(state, dirs)                  collective: the inverse, from checkpoint.load's state
     .finish() -> dict                      collective, after the last epoch; extra summary
                                            fields (optimizer, precision, skipped_steps, ...)
 """
@@ -98,7 +100,7 @@ def train(cfg):
     model = build.build_model(cfg, ds).to(strategy.device)
     strategy.n_train = ds.n_train
     strategy.build(model, steps)
-    run = Run(cfg, ds, model, strategy)
+    run = Run(cfg, ds, model, strategy, checkpoint.SaveDirs(cfg, strategy.save_prefix))
     run.auto = AutoBatch(cfg, strategy, ds) if getattr(cfg, "auto_batch", False) else None
     resume_or_start(run)
     comm.print0("hpcdl train: " + strategy.describe(ds))
@@ -139,6 +141,7 @@ class Run:
     ds: object
     model: torch.nn.Module
     strategy: object            # how gradients meet and state is saved (see above)
+    dirs: object                # checkpoint.SaveDirs: the strategy's save directories
     epoch: int = 1              # the epoch in progress (1-based)
     epoch_start: int = 0        # samples of it read before a batch change within it (auto)
     step_in_epoch: int = 0      # steps of it taken since epoch_start
@@ -210,7 +213,7 @@ def resume_or_start(run):
     state = checkpoint.load(path, run.cfg, run.model)  # checked against this run
     if run.auto is not None:  # --global-batch auto continues at the checkpoint's batch
         run.auto.adopt(state)
-    run.strategy.load_state_dict(state)
+    run.strategy.restore(state, run.dirs)
     if run.auto is not None:
         run.auto.load_state_dict(state)
     pos = state["position"]
@@ -238,15 +241,15 @@ def state_of(run):
         "train_samples": run.train_samples, "eval_time": run.eval_time,
         "target": run.target,
         "goodput": run.auto.state_dict() if run.auto is not None else None,
-    }, **run.strategy.state_dict())
+    }, **run.strategy.save(run.dirs))
 
 
 def save_checkpoint(run):
+    """The strategy's save directory first, then checkpoint.pt naming it
+    (the commit); then the save directories it no longer names go."""
     path = checkpoint.path_in(run.cfg.checkpoint_dir)
     checkpoint.save(path, state_of(run))
-    written = getattr(run.strategy, "checkpoint_written", None)
-    if written is not None:  # the save directories checkpoint.pt no longer names go
-        written()
+    run.dirs.written()
     return path
 
 

@@ -22,7 +22,7 @@ import torch
 
 from .. import comm
 from ..torch.zero import checkpoint as zero3_checkpoint, checkpoint12, shard_model
-from . import build, checkpoint
+from . import build
 from .allreduce import AllReduce
 from .errors import ConfigError
 from .precision import LossScaler
@@ -35,7 +35,7 @@ class Zero(AllReduce):
         super().__init__(cfg)
         self.zero_stage = cfg.zero
         _refuse_gpu(self.device, cfg.zero)
-        self.dirs = checkpoint.SaveDirs(cfg, "zero%d" % cfg.zero)
+        self.save_prefix = "zero%d" % cfg.zero
 
     def describe(self, ds):
         return "%s, ZeRO stage %d" % (super().describe(ds), self.zero_stage)
@@ -50,26 +50,25 @@ class Zero(AllReduce):
         every = comm.allgather_object(self.state_bytes())
         return dict(extra, zero_stage=self.zero_stage, optimizer_state_bytes=max(every))
 
-    def state_dict(self):
+    def save(self, dirs):
         """Collective: checkpoint.pt holds the replica's state itself, its
         optimizer part the name of the shard directory (optimizer_state)."""
-        return self.replica_state()
+        return self.replica_state(dirs)
 
-    def optimizer_state(self):
+    def optimizer_state(self, dirs):
         """Collective: each rank writes its pieces and their optimizer state
-        into a fresh shard directory; checkpoint.pt names it."""
-        name = self.dirs.save(lambda path: checkpoint12.save_sharded(self.opt, path))
+        into a fresh shard directory (dirs); checkpoint.pt names it."""
+        name = dirs.save(lambda path: checkpoint12.save_sharded(self.opt, path))
         return {"zero12": {"dir": name, "stage": self.zero_stage, "ranks": comm.size()}}
 
-    def load_optimizer(self, state):
+    def load_optimizer(self, state, dirs):
         """Collective: this rank's pieces and state from the shard directory
         (resharded when saved on another rank count), or the whole optimizer
         a --zero 0 checkpoint holds (each rank keeps its pieces' state)."""
         if "zero12" not in state:
             self.opt.load_state_dict(state["optimizer"])
             return
-        self.dirs.load(state["zero12"]["dir"],
-                       lambda path: checkpoint12.load_sharded(self.opt, path))
+        dirs.load(state["zero12"]["dir"], lambda path: checkpoint12.load_sharded(self.opt, path))
 
 
 class Zero3(AllReduce):
@@ -93,7 +92,7 @@ class Zero3(AllReduce):
         self.zero_stage = 3
         _refuse_gpu(self.device, 3)
         self.shards = None
-        self.dirs = checkpoint.SaveDirs(cfg, "zero3")
+        self.save_prefix = "zero3"
 
     def build(self, model, steps):
         """Shards the model (rank 0's weights on every rank), then the local
@@ -155,25 +154,20 @@ class Zero3(AllReduce):
                     peak_gathered_bytes=max(e[2] for e in every))
 
     # ------------------------------------------------------------ checkpoints
-    def state_dict(self):
-        """Collective: writes this save's shard directory; returns what
+    def save(self, dirs):
+        """Collective: writes this save's shard directory (dirs); returns what
         checkpoint.pt holds (it names the directory)."""
-        name = self.dirs.save(
+        name = dirs.save(
             lambda path: zero3_checkpoint.save_sharded(self.shards, path, self.opt))
         return {"zero3": {"dir": name, "ranks": comm.size()},
                 "scheduler": self.sched.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": {"torch": torch.get_rng_state()}, "ranks": comm.size()}
 
-    def load_state_dict(self, state):
-        if "zero3" not in state:
-            was = state["zero12"]["stage"] if "zero12" in state else 0
-            raise ConfigError("checkpoint %s holds an unsharded model (written with --zero %d); "
-                              "--zero 3 resumes only its own sharded checkpoints: resume it "
-                              "with --zero %s" % (checkpoint.resumed_path(self.cfg), was,
-                                                  "1 or 2" if was else "0, 1 or 2"))
-        self.dirs.load(state["zero3"]["dir"],
-                       lambda path: zero3_checkpoint.load_sharded(self.shards, path, self.opt))
+    def restore(self, state, dirs):
+        """checkpoint.load has checked that state is a --zero 3 checkpoint."""
+        dirs.load(state["zero3"]["dir"],
+                  lambda path: zero3_checkpoint.load_sharded(self.shards, path, self.opt))
         self.sched.load_state_dict(state["scheduler"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
