@@ -5,6 +5,7 @@ and resumes exactly from a checkpoint taken after the change (the same
 params_sha256 as the uninterrupted run)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -107,3 +108,5 @@ def test_auto_changes_the_batch_and_resumes_exactly(tmp_path):
         assert ch["next_global_batch"] != ch["global_batch"], res
         assert sorted(r["global_batch"] for r in ch["goodput"]) == [32, 64, 128], res
     assert res["c"] == res["d"], out
+    assert re.search(r"resumed from \S+ at epoch 1 step 3 of batch \d+ \(after the epoch's "
+                     r"first \d+ samples at other batches\)", out), out

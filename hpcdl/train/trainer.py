@@ -224,8 +224,17 @@ def resume_or_start(run):
     run.train_time, run.train_samples = state["train_time"], state["train_samples"]
     run.eval_time = state.get("eval_time", 0.0)
     run.target = kept_target(state.get("target"), run.cfg.target_accuracy)
-    comm.print0("hpcdl train: resumed from %s at epoch %d step %d"
-                % (path, run.epoch, run.step_in_epoch))
+    comm.print0("hpcdl train: resumed from %s at %s" % (path, position_text(run)))
+
+
+def position_text(run):
+    """'epoch E step S' for messages; after a batch change within the epoch
+    (--global-batch auto) S counts from the change, and the text says so."""
+    text = "epoch %d step %d" % (run.epoch, run.step_in_epoch)
+    if run.epoch_start:
+        text += " of batch %d (after the epoch's first %d samples at other batches)" % (
+            run.cfg.global_batch, run.epoch_start)
+    return text
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -257,12 +266,12 @@ def stopped(run, signum):
     """A signal asked every rank to stop: checkpoint and return None."""
     name = StopRequest.name(signum)
     if not run.cfg.checkpoint_dir:
-        comm.print0("hpcdl train: stopped by %s at epoch %d step %d; no --checkpoint-dir, "
-                    "so nothing was saved" % (name, run.epoch, run.step_in_epoch))
+        comm.print0("hpcdl train: stopped by %s at %s; no --checkpoint-dir, so nothing was "
+                    "saved" % (name, position_text(run)))
         return None
     path = save_checkpoint(run)
-    comm.print0("hpcdl train: stopped by %s at epoch %d step %d; checkpoint %s; rerun with "
-                "--resume to continue" % (name, run.epoch, run.step_in_epoch, path))
+    comm.print0("hpcdl train: stopped by %s at %s; checkpoint %s; rerun with --resume to "
+                "continue" % (name, position_text(run), path))
     return None
 
 
