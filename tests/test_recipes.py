@@ -183,6 +183,53 @@ def test_precedence_defaults_recipe_file_flags(tmp_path):
     assert (cfg.optimizer, cfg.base_lr, cfg.no_decay_bias_norm) == ("lamb", 0.004, True)
 
 
+@pytest.mark.parametrize("recipe,rule", [("plain", "linear"), ("lamb", "sqrt"),
+                                         ("goyal", "linear"), ("lars", "linear")])
+def test_global_batch_auto_takes_adascale_over_the_recipes_rule(recipe, rule):
+    """issue 38: docs/goodput.md's `--recipe plain --global-batch auto` was
+    refused (auto needs adascale, the recipe said linear): the recipe's rule
+    gives way, and rank 0's recipe lines say so; a --lr-scaling the user
+    names is still checked."""
+    flags = dict(recipe=recipe, global_batch="auto", max_global_batch=4096)
+    cfg = resolve({}, flags)
+    cfg.check(size=4)
+    assert (cfg.auto_batch, cfg.lr_scaling) == (True, "adascale")
+    assert cfg.optimizer == load_recipe(recipe)["optimizer"]  # the rest is the recipe's
+    text = "\n".join(recipe_lines(cfg, build.peak_lr(cfg)))
+    assert "lr by AdaScale, not the recipe's %s scaling" % rule in text, text
+    for file_values, named in (({}, {"lr_scaling": rule}), ({"lr_scaling": rule}, {})):
+        with pytest.raises(ConfigError, match="--global-batch auto takes its lr from "
+                                              "AdaScale: use --lr-scaling adascale"):
+            resolve(file_values, dict(flags, **named)).check(4)  # a flag, a config file
+    assert resolve({}, dict(recipe=recipe, global_batch=2048)).lr_scaling == rule
+
+
+@pytest.mark.parametrize("recipe,epochs,warmup", [("lamb", 3, 1.5), ("goyal", 1, 0.5),
+                                                  ("lars", 8, 4.0), ("lamb", 10, 5.0),
+                                                  ("goyal", 30, 5.0), ("plain", 1, 0.0)])
+def test_a_recipes_warmup_fits_the_run(recipe, epochs, warmup):
+    """issue 38: `--recipe lamb --epochs 3` was refused with `--warmup-epochs 5
+    must be between 0 and --epochs 3`, a flag never given: the recipe's warmup
+    is capped at half the run, and rank 0's recipe lines say so."""
+    cfg = resolve({}, dict(recipe=recipe, epochs=epochs))
+    cfg.check(size=2)
+    assert cfg.warmup_epochs == warmup
+    text = "\n".join(recipe_lines(cfg, build.peak_lr(cfg)))
+    scaled = warmup < load_recipe(recipe)["warmup_epochs"]
+    assert ("the recipe's warmup of 5 epochs scaled to %g, half of --epochs %d "
+            "(--warmup-epochs overrides)" % (warmup, epochs) in text) == scaled, text
+
+
+def test_a_warmup_the_user_named_that_does_not_fit_is_refused(tmp_path):
+    for file_values, flags in (({}, {"warmup_epochs": 5.0}), ({"warmup_epochs": 5.0}, {})):
+        with pytest.raises(ConfigError, match=re.escape("--warmup-epochs 5 must be between "
+                                                        "0 and --epochs 3")):
+            resolve(file_values, dict(flags, recipe="lamb", epochs=3)).check(2)
+    cfg = resolve({}, dict(recipe="lamb", epochs=3, warmup_epochs=3.0))  # fits: kept
+    cfg.check(2)
+    assert cfg.warmup_epochs == 3.0 and cfg.recipe_notes == []
+
+
 def test_bad_boolean_flag_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as e:
         cli_main.main(["train", "--no-decay-bias-norm", "maybe"])

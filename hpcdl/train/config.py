@@ -385,16 +385,48 @@ def load_recipe(recipe):
 
 def resolve(file_values=None, flag_values=None):
     """The TrainConfig of defaults < recipe < config file < flags, where the
-    recipe is the flags' --recipe, else the config file's recipe key."""
+    recipe is the flags' --recipe, else the config file's recipe key. The
+    recipe's values bend to the run where they would not fit it
+    (fit_recipe); cfg.recipe_notes says how, for recipe_lines."""
     file_values, flag_values = dict(file_values or {}), dict(flag_values or {})
     recipe = flag_values.get("recipe", file_values.get("recipe"))
     values = load_recipe(recipe) if recipe is not None else {}
-    values.update(file_values)
-    values.update(flag_values)
+    user = dict(file_values, **flag_values)  # what the user named: file or flags
+    values.update(user)
     values["recipe"] = recipe
+    notes = fit_recipe(values, user) if recipe is not None else []
     cfg = TrainConfig(**values)
     cfg.recipe_applied = True
+    cfg.recipe_notes = notes
     return cfg
+
+
+# a recipe's warmup takes at most this share of --epochs (fit_recipe)
+RECIPE_WARMUP_SHARE = 0.5
+
+
+def fit_recipe(values, user):
+    """Changes values (the recipe's, under the user's) where a recipe's value
+    does not fit the run; returns one line per change. A value the user named
+    (config file or flag) is never changed: TrainConfig.check judges it.
+    - --global-batch auto takes its lr from AdaScale: the recipe's scaling
+      rule gives way to adascale (a --lr-scaling the user named stays, and is
+      checked).
+    - The recipe's warmup is capped at RECIPE_WARMUP_SHARE of --epochs, so
+      a short run keeps time to decay (lamb's 5 epochs in a 3-epoch run: 1.5)."""
+    notes = []
+    if values.get("global_batch") == "auto" and "lr_scaling" not in user \
+            and values.get("lr_scaling", "none") not in ("none", "adascale"):
+        notes.append("--global-batch auto: lr by AdaScale, not the recipe's %s scaling "
+                     "(--lr-scaling overrides)" % values.pop("lr_scaling"))
+    epochs = values.get("epochs", TrainConfig.epochs)
+    warmup = values.get("warmup_epochs", 0) or 0
+    if "warmup_epochs" not in user and isinstance(epochs, int) and epochs > 0 \
+            and warmup > RECIPE_WARMUP_SHARE * epochs:
+        values["warmup_epochs"] = RECIPE_WARMUP_SHARE * epochs
+        notes.append("the recipe's warmup of %g epochs scaled to %g, half of --epochs %d "
+                     "(--warmup-epochs overrides)" % (warmup, values["warmup_epochs"], epochs))
+    return notes
 
 
 def with_recipe(cfg):
@@ -437,4 +469,4 @@ def recipe_lines(cfg, peak_lr):
         trust = cfg.trust_coefficient
         text[-1] += "; trust coefficient %g" % (
             trust if trust is not None else 0.001 if cfg.optimizer == "lars" else 0.02)
-    return text
+    return text + ["  " + note for note in getattr(cfg, "recipe_notes", ())]
