@@ -272,16 +272,35 @@ def test_bf16_training_learns(tmp_path):
 OLD = os.path.join(REPO, "tests", "data", "checkpoints-72df3c7")
 
 
+def _model(out):
+    return torch.load(out / "model.pt", weights_only=True)
+
+
+def _gap(a, b):
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
 @pytest.mark.mpi
-def test_checkpoints_of_72df3c7_resume_exactly(tmp_path):
+def test_checkpoints_of_72df3c7_resume(tmp_path):
     # written by `hpcdl train --epochs 1 --global-batch 64 --hidden 32 --zero Z
-    # --checkpoint-dir ...` on 2 ranks at commit 72df3c7, before the Reducer,
-    # the noise scale and one atomic-write helper: the trainer, ZeRO-2's
-    # optimizer shards and ZeRO-3's model shards each resume to the parameters
-    # of a 2-epoch run of today's code
+    # --checkpoint-dir ...` on 2 ranks at commit 72df3c7 (Intel Xeon, AVX-512
+    # kernels), before the Reducer, the noise scale and one atomic-write
+    # helper: the trainer, ZeRO-2's optimizer shards and ZeRO-3's model shards
+    # each resume for a second epoch. The files hold epoch 1 as computed on
+    # that CPU; torch's kernels round differently on another (AVX2 on older
+    # AMD/Intel, ATEN_CPU_CAPABILITY), so a 2-epoch run computed here is the
+    # same only to rounding. Compared like with like: the three stages resume
+    # the same stored state, so their results, all computed here, are equal
+    # bit for bit; against the 2-epoch run of this machine they differ by
+    # rounding only, under 1e-3 of what epoch 2 moved the parameters (a lost
+    # momentum buffer, schedule or RNG state moves them by a large part of it).
     base = TRAIN + ["--epochs", "2", "--global-batch", "64", "--hidden", "32"]
     run_mpi(2, base + ["--out", str(tmp_path / "fresh")], timeout=120, check=True)
-    want = _summary(tmp_path / "fresh")["params_sha256"]
+    fresh = _model(tmp_path / "fresh")
+    epoch1 = torch.load(os.path.join(OLD, "zero0", "checkpoint.pt"), weights_only=False)["model"]
+    moved = _gap(fresh, epoch1)
+    assert moved > 1e-3, moved  # epoch 2 trained: the bound below is not vacuous
+    digests = {}
     for stage in ("0", "2", "3"):
         ckpt = tmp_path / ("zero" + stage)
         subprocess.run(["cp", "-r", os.path.join(OLD, "zero" + stage), str(ckpt)], check=True)
@@ -290,7 +309,10 @@ def test_checkpoints_of_72df3c7_resume_exactly(tmp_path):
                                "--out", str(out)], timeout=120, check=True)
         assert "resumed from %s at epoch 2 step 0" % (ckpt / "checkpoint.pt") in r.stdout, \
             r.stdout
-        assert _summary(out)["params_sha256"] == want, (stage, r.stdout)
+        digests[stage] = _summary(out)["params_sha256"]
+        gap = _gap(_model(out), fresh)
+        assert gap <= 1e-3 * moved, (stage, gap, moved, r.stdout)
+    assert len(set(digests.values())) == 1, digests
 
 
 # ---------------------------------------------------------------- resume checks
