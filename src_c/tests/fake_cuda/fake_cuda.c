@@ -11,12 +11,23 @@
  *                  FAKE_CUDA_DELAY_US, so a missing wait reads stale data.
  *   events         a generation per record; queries, waits, stream waits.
  *   contexts       a flag per device, set by anything that needs one.
- * copies          CUDA's rules for pageable host memory (copy() below).
+ * copies          CUDA's rules for pageable host memory (copy() below);
+ *                  copies between host and device memory are counted.
+ *   IPC            a device allocation's handle names its memfd
+ *                  (/proc/<pid>/fd/<fd>), which a peer process maps as device
+ *                  memory of the owner's GPU; interprocess events keep their
+ *                  generations in a shared page, so a peer's query, sync and
+ *                  stream wait see the owner's records (polled, not signalled).
+ *   peer access    cudaDeviceCanAccessPeer answers FAKE_CUDA_PEER (default 1);
+ *                  a kernel touching another GPU's memory without peer access
+ *                  enabled fails (fake_kernels.c).
  * Not modelled: the legacy stream's implicit sync with blocking streams,
- * peer access, graphs, async error reporting.
+ * graphs, async error reporting.
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +42,9 @@
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; // registry, events, settings
 static pthread_cond_t ev_cv = PTHREAD_COND_INITIALIZER; // an event completed
 static long delay_us = -1;
-static int ndev = 2, host_visible = 0, fail_nth = 0, fail_calls = 0;
+static int ndev = 2, host_visible = 0, fail_nth = 0, fail_calls = 0, peer_ok = 1;
+static int peer_on[64][64]; // peer_on[d][p]: GPU d's kernels may touch GPU p's memory
+static unsigned long host_copies, host_copy_bytes; // host <-> device copies queued
 static char fail_name[64];
 static cudaError_t fail_err = cudaErrorInvalidValue;
 static int ctx_made[64];
@@ -44,6 +57,7 @@ static void settings_locked(void) {
     delay_us = e && *e ? atol(e) : 300;
     if ((e = getenv("FAKE_CUDA_DEVICES")) && *e) ndev = atoi(e);
     if ((e = getenv("FAKE_CUDA_HOST_VISIBLE")) && *e) host_visible = atoi(e);
+    if ((e = getenv("FAKE_CUDA_PEER")) && *e) peer_ok = atoi(e);
     if ((e = getenv("FAKE_CUDA_FAIL")) && *e && strchr(e, ':')) {
         snprintf(fail_name, sizeof fail_name, "%.*s", (int)(strchr(e, ':') - e), e);
         fail_nth = atoi(strchr(e, ':') + 1);
@@ -114,6 +128,10 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorMapBufferObjectFailed: return "cudaErrorMapBufferObjectFailed";
+    case cudaErrorPeerAccessAlreadyEnabled: return "cudaErrorPeerAccessAlreadyEnabled";
+    case cudaErrorPeerAccessUnsupported: return "cudaErrorPeerAccessUnsupported";
     default: return "cudaErrorUnknown";
     }
 }
@@ -127,6 +145,8 @@ typedef struct alloc {
     size_t bytes, map_bytes;
     enum cudaMemoryType type;
     int dev;
+    int fd;               // the memfd (device memory: kept for IPC handles), or -1
+    int imported;         // 1: a peer's memory from cudaIpcOpenMemHandle
     struct alloc *next;
 } alloc;
 static alloc *allocs;
@@ -148,29 +168,52 @@ void *fake_cuda_backing(const void *p) {
 
 size_t fake_cuda_device_bytes(void) { return dev_bytes_live; }
 
+// Unmaps an allocation taken off the registry.
+static void unmap(alloc *a) {
+    if (a->addr != a->backing) munmap(a->addr, a->map_bytes);
+    munmap(a->backing, a->map_bytes);
+    if (a->fd >= 0) close(a->fd);
+    free(a);
+}
+
 // Device memory (type Device) behind a PROT_NONE mapping unless host_visible.
-static cudaError_t new_alloc(void **out, size_t bytes, enum cudaMemoryType type) {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE), map = (bytes + page) / page * page;
+// Maps fd's map bytes as memory of GPU dev and registers it. fd is kept for
+// device memory (its IPC handle names it), closed otherwise.
+static cudaError_t map_alloc(void **out, int fd, size_t bytes, size_t map,
+                             enum cudaMemoryType type, int dev, int imported) {
     alloc *a = calloc(1, sizeof *a);
-    int fd = memfd_create("fake_cuda", 0);
-    if (!a || fd < 0 || ftruncate(fd, (off_t)map) != 0) FAIL(cudaErrorMemoryAllocation);
+    if (!a) FAIL(cudaErrorMemoryAllocation);
     a->backing = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int hide = type == cudaMemoryTypeDevice && !host_visible;
     a->addr = hide ? mmap(NULL, map, PROT_NONE, MAP_SHARED, fd, 0) : a->backing;
-    close(fd);
+    a->fd = type == cudaMemoryTypeDevice && !imported ? fd : -1;
+    if (a->fd < 0) close(fd);
     if (a->backing == MAP_FAILED || a->addr == MAP_FAILED) FAIL(cudaErrorMemoryAllocation);
     a->bytes = bytes ? bytes : 1;
     a->map_bytes = map;
     a->type = type;
-    a->dev = cur_dev;
+    a->dev = dev;
+    a->imported = imported;
     pthread_mutex_lock(&mu);
     a->next = allocs;
     allocs = a;
-    if (type == cudaMemoryTypeDevice) dev_bytes_live += bytes;
+    if (type == cudaMemoryTypeDevice && !imported) dev_bytes_live += bytes;
     ctx_made[cur_dev] = 1;
     pthread_mutex_unlock(&mu);
     *out = a->addr;
     return cudaSuccess;
+}
+
+// Device memory (type Device) behind a PROT_NONE mapping unless host_visible.
+static cudaError_t new_alloc(void **out, size_t bytes, enum cudaMemoryType type) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), map = (bytes + page) / page * page;
+    int fd = memfd_create("fake_cuda", 0);
+    if (fd < 0) FAIL(cudaErrorMemoryAllocation);
+    if (ftruncate(fd, (off_t)map) != 0) {
+        close(fd);
+        FAIL(cudaErrorMemoryAllocation);
+    }
+    return map_alloc(out, fd, bytes, map, type, cur_dev, 0);
 }
 
 // 1 when [p, p+n) lies in one allocation of this type, or is host memory
@@ -232,10 +275,34 @@ cudaError_t cudaSetDevice(int d) {
 
 typedef enum { OP_COPY, OP_SET, OP_FN, OP_RECORD, OP_WAIT } op_kind;
 
+// An event's generations: recorded counts cudaEventRecord calls, completed
+// is the newest record a stream has reached. Interprocess events keep them in
+// a shared page that peers map (cudaIpcOpenEventHandle).
+typedef struct {
+    unsigned long recorded, completed; // atomics
+} ev_gens;
+
 struct CUevent_st {
-    unsigned long recorded, completed; // generations (under mu)
+    ev_gens *g;   // &own, or the shared page
+    ev_gens own;
     int dev;
+    int fd;       // interprocess: the shared page's memfd (owner), else -1
+    int shared;   // 1: g is shared with other processes (waits poll)
 };
+
+static unsigned long gen_load(const unsigned long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+// Until e's completed generation reaches gen: the condition variable within
+// a process, polling for a shared event (a peer's worker does not signal us).
+static void wait_gen(struct CUevent_st *e, unsigned long gen) {
+    if (e->shared) {
+        while (gen_load(&e->g->completed) < gen) usleep(20);
+        return;
+    }
+    pthread_mutex_lock(&mu);
+    while (gen_load(&e->g->completed) < gen) pthread_cond_wait(&ev_cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
 
 typedef struct op {
     op_kind kind;
@@ -259,7 +326,6 @@ struct CUstream_st {
     pthread_t thread;
 };
 
-static unsigned long event_gen;
 static struct CUstream_st *streams[256], *legacy[64]; // legacy: one per device
 static int nstreams;
 
@@ -268,17 +334,16 @@ static void run_op(op *o) {
     case OP_COPY: memcpy(fake_cuda_backing(o->dst), fake_cuda_backing(o->src), o->n); break;
     case OP_SET: memset(fake_cuda_backing(o->dst), o->value, o->n); break;
     case OP_FN: o->fn(o->arg); break;
-    case OP_RECORD:
+    case OP_RECORD: {
         pthread_mutex_lock(&mu);
-        if (o->ev->completed < o->gen) o->ev->completed = o->gen;
+        unsigned long c = gen_load(&o->ev->g->completed); // raised, never lowered
+        while (c < o->gen && !__atomic_compare_exchange_n(&o->ev->g->completed, &c, o->gen, 0,
+                                                          __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {}
         pthread_cond_broadcast(&ev_cv);
         pthread_mutex_unlock(&mu);
         break;
-    case OP_WAIT:
-        pthread_mutex_lock(&mu);
-        while (o->ev->completed < o->gen) pthread_cond_wait(&ev_cv, &mu);
-        pthread_mutex_unlock(&mu);
-        break;
+    }
+    case OP_WAIT: wait_gen(o->ev, o->gen); break;
     }
 }
 
@@ -414,6 +479,20 @@ static int pageable(const void *p) {
     return yes;
 }
 
+// 1 when p is device or managed memory (this process's or a peer's).
+static int on_gpu(const void *p) {
+    pthread_mutex_lock(&mu);
+    alloc *a = find_locked(p);
+    int yes = a && (a->type == cudaMemoryTypeDevice || a->type == cudaMemoryTypeManaged);
+    pthread_mutex_unlock(&mu);
+    return yes;
+}
+
+unsigned long fake_cuda_host_copies(size_t *bytes) {
+    if (bytes) *bytes = __atomic_load_n(&host_copy_bytes, __ATOMIC_RELAXED);
+    return __atomic_load_n(&host_copies, __ATOMIC_RELAXED);
+}
+
 // CUDA's rules for pageable host memory ("API synchronization behavior"),
 // for cudaMemcpy and cudaMemcpyAsync alike: host to device syncs the stream,
 // copies the source to a staging buffer and returns while the transfer is
@@ -424,6 +503,10 @@ static int pageable(const void *p) {
 static cudaError_t copy(void *dst, const void *src, size_t n, cudaStream_t s, int wait) {
     if (!range_ok(dst, n) || !range_ok(src, n)) FAIL(cudaErrorInvalidValue);
     int from_pageable = pageable(src), to_pageable = pageable(dst);
+    if (on_gpu(dst) != on_gpu(src)) { // host <-> device: counted for the IPC tests
+        __atomic_add_fetch(&host_copies, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&host_copy_bytes, n, __ATOMIC_RELAXED);
+    }
     if (from_pageable && !to_pageable) {
         sync_stream(real_stream(s));
         void *staged = malloc(n ? n : 1);
@@ -473,6 +556,25 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
     ENTER();
     struct CUevent_st *e = calloc(1, sizeof *e);
     if (!e) FAIL(cudaErrorMemoryAllocation);
+    e->g = &e->own;
+    e->fd = -1;
+    if (flags & cudaEventInterprocess) {
+        if (!(flags & cudaEventDisableTiming)) { // CUDA's rule
+            free(e);
+            FAIL(cudaErrorInvalidValue);
+        }
+        e->fd = memfd_create("fake_cuda_event", 0);
+        void *page = MAP_FAILED;
+        if (e->fd >= 0 && ftruncate(e->fd, (off_t)sizeof(ev_gens)) == 0)
+            page = mmap(NULL, sizeof(ev_gens), PROT_READ | PROT_WRITE, MAP_SHARED, e->fd, 0);
+        if (page == MAP_FAILED) {
+            if (e->fd >= 0) close(e->fd);
+            free(e);
+            FAIL(cudaErrorMemoryAllocation);
+        }
+        e->g = page;
+        e->shared = 1;
+    }
     e->dev = cur_dev;
     ctx_made[cur_dev] = 1;
     *out = e;
@@ -491,34 +593,150 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
     ENTER();
     if (real_stream(stream)->dev != e->dev && stream != NULL)
         FAIL(cudaErrorInvalidResourceHandle); // event and stream of different GPUs
-    pthread_mutex_lock(&mu);
-    unsigned long gen = e->recorded = ++event_gen;
-    pthread_mutex_unlock(&mu);
+    unsigned long gen = __atomic_add_fetch(&e->g->recorded, 1, __ATOMIC_ACQ_REL);
     return enqueue(stream, (op){.kind = OP_RECORD, .ev = e, .gen = gen});
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
     ENTER();
-    pthread_mutex_lock(&mu);
-    int done = e->completed >= e->recorded;
-    pthread_mutex_unlock(&mu);
+    int done = gen_load(&e->g->completed) >= gen_load(&e->g->recorded);
     return done ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     ENTER();
-    pthread_mutex_lock(&mu);
-    while (e->completed < e->recorded) pthread_cond_wait(&ev_cv, &mu);
-    pthread_mutex_unlock(&mu);
+    wait_gen(e, gen_load(&e->g->recorded));
     return cudaSuccess;
 }
 
+// Waits for the newest record at the time of the call, as CUDA does.
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
     ENTER();
-    pthread_mutex_lock(&mu);
-    unsigned long gen = e->recorded;
-    pthread_mutex_unlock(&mu);
+    unsigned long gen = gen_load(&e->g->recorded);
     return gen ? enqueue(s, (op){.kind = OP_WAIT, .ev = e, .gen = gen}) : cudaSuccess;
+}
+
+// ----------------------------------------------------------------------------
+// IPC: handles name a memfd of the owning process, opened by a peer through
+// /proc/<pid>/fd/<fd> (the same user, as CUDA IPC needs the same machine).
+
+enum { IPC_MEM_MAGIC = 0x46434d31, IPC_EV_MAGIC = 0x46434531 };
+
+typedef struct {
+    uint32_t magic;
+    int32_t pid, fd, dev;
+    uint64_t bytes, map_bytes;
+} ipc_mem;
+
+typedef struct {
+    uint32_t magic;
+    int32_t pid, fd, dev;
+} ipc_event;
+
+// The peer's memfd, or -1.
+static int open_peer_fd(int pid, int fd) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+    return open(path, O_RDWR | O_CLOEXEC);
+}
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) {
+    ENTER();
+    pthread_mutex_lock(&mu);
+    alloc *a = find_locked(p);
+    ipc_mem m = {IPC_MEM_MAGIC, getpid(), a ? a->fd : -1, a ? a->dev : -1,
+                 a ? a->bytes : 0, a ? a->map_bytes : 0};
+    int ok = a && a->addr == p && a->type == cudaMemoryTypeDevice && !a->imported;
+    pthread_mutex_unlock(&mu);
+    if (!ok) FAIL(cudaErrorInvalidValue); // the base of this process's cudaMalloc only
+    memset(h, 0, sizeof *h);
+    memcpy(h->reserved, &m, sizeof m);
+    return cudaSuccess;
+}
+
+// The peer's allocation as device memory of its GPU, at a new address. With
+// cudaIpcMemLazyEnablePeerAccess, peer access to that GPU is enabled where
+// it can be (as CUDA does).
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int flags) {
+    ENTER();
+    ipc_mem m;
+    memcpy(&m, h.reserved, sizeof m);
+    if (m.magic != IPC_MEM_MAGIC || m.dev < 0 || m.dev >= ndev) FAIL(cudaErrorInvalidValue);
+    if (m.pid == getpid()) FAIL(cudaErrorDeviceUninitialized); // CUDA: not in the owner
+    int fd = open_peer_fd(m.pid, m.fd);
+    if (fd < 0) FAIL(cudaErrorMapBufferObjectFailed);
+    if ((flags & cudaIpcMemLazyEnablePeerAccess) && m.dev != cur_dev && peer_ok)
+        peer_on[cur_dev][m.dev] = 1;
+    return last_err = map_alloc(p, fd, m.bytes, m.map_bytes, cudaMemoryTypeDevice, m.dev, 1);
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *p) {
+    ENTER();
+    (void)cudaDeviceSynchronize(); // as cudaFree: nothing queued still reads it
+    pthread_mutex_lock(&mu);
+    alloc **link = &allocs, *a = NULL;
+    for (; *link; link = &(*link)->next)
+        if ((*link)->addr == p && (*link)->imported) {
+            a = *link;
+            *link = a->next;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    if (!a) FAIL(cudaErrorInvalidValue);
+    unmap(a);
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e) {
+    ENTER();
+    if (!e || !e->shared || e->fd < 0) FAIL(cudaErrorInvalidResourceHandle);
+    ipc_event m = {IPC_EV_MAGIC, getpid(), e->fd, e->dev};
+    memset(h, 0, sizeof *h);
+    memcpy(h->reserved, &m, sizeof m);
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *out, cudaIpcEventHandle_t h) {
+    ENTER();
+    ipc_event m;
+    memcpy(&m, h.reserved, sizeof m);
+    if (m.magic != IPC_EV_MAGIC) FAIL(cudaErrorInvalidValue);
+    if (m.pid == getpid()) FAIL(cudaErrorDeviceUninitialized);
+    int fd = open_peer_fd(m.pid, m.fd);
+    if (fd < 0) FAIL(cudaErrorMapBufferObjectFailed);
+    void *page = mmap(NULL, sizeof(ev_gens), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    struct CUevent_st *e = calloc(1, sizeof *e);
+    if (page == MAP_FAILED || !e) FAIL(cudaErrorMapBufferObjectFailed);
+    e->g = page;
+    e->fd = -1;
+    e->shared = 1;
+    e->dev = m.dev;
+    *out = e;
+    return cudaSuccess;
+}
+
+// ----------------------------------------------------------------------------
+// peer access: FAKE_CUDA_PEER=0 makes GPUs unable to reach each other
+
+cudaError_t cudaDeviceCanAccessPeer(int *can, int dev, int peer) {
+    ENTER();
+    if (dev < 0 || dev >= ndev || peer < 0 || peer >= ndev) FAIL(cudaErrorInvalidDevice);
+    *can = dev != peer && peer_ok;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+    ENTER();
+    if (peer < 0 || peer >= ndev || peer == cur_dev) FAIL(cudaErrorInvalidDevice);
+    if (!peer_ok) FAIL(cudaErrorPeerAccessUnsupported);
+    if (peer_on[cur_dev][peer]) FAIL(cudaErrorPeerAccessAlreadyEnabled);
+    peer_on[cur_dev][peer] = 1;
+    return cudaSuccess;
+}
+
+int fake_cuda_peer_enabled(int dev, int peer) {
+    return dev == peer || (dev >= 0 && dev < 64 && peer >= 0 && peer < 64 && peer_on[dev][peer]);
 }
 
 // ----------------------------------------------------------------------------
@@ -549,16 +767,14 @@ static cudaError_t free_alloc(void *p, int host) {
             a = *link;
             break;
         }
-    if (!a || (a->type == cudaMemoryTypeHost) != host) {
+    if (!a || (a->type == cudaMemoryTypeHost) != host || a->imported) {
         pthread_mutex_unlock(&mu);
         FAIL(cudaErrorInvalidValue);
     }
     *link = a->next;
     if (a->type == cudaMemoryTypeDevice) dev_bytes_live -= a->bytes;
     pthread_mutex_unlock(&mu);
-    if (a->addr != a->backing) munmap(a->addr, a->map_bytes);
-    munmap(a->backing, a->map_bytes);
-    free(a);
+    unmap(a);
     return cudaSuccess;
 }
 

@@ -32,12 +32,21 @@ void *fake_cuda_backing(const void *p);
 //   FAKE_CUDA_CC        the GPUs' compute capability, e.g. 70 (default 90)
 //   FAKE_CUDA_HOST_VISIBLE=1  device memory the host may touch too (stands for
 //                       a CUDA-aware MPI that reads device memory itself)
+//   FAKE_CUDA_PEER=0    GPUs cannot access each other's memory (default 1):
+//                       cudaDeviceCanAccessPeer says 0, kernels on a peer's fail
 void fake_cuda_set_delay_us(long us);
 void fake_cuda_fail(const char *name, int nth, cudaError_t err);
 void fake_cuda_set_host_visible(int visible);
 // 1 when a context was made on dev (any allocation, stream, set-device there).
 int fake_cuda_context_made(int dev);
-// Bytes of device memory allocated and not freed.
+// Bytes of device memory allocated and not freed (a peer's opened memory
+// is not counted).
 size_t fake_cuda_device_bytes(void);
+// Copies between host (pinned or pageable) and device memory queued by this
+// process so far; *bytes (if given) their bytes. The IPC path must add none.
+unsigned long fake_cuda_host_copies(size_t *bytes);
+// 1 when kernels on GPU dev may touch GPU peer's memory (dev == peer, or peer
+// access enabled by cudaDeviceEnablePeerAccess / cudaIpcMemLazyEnablePeerAccess).
+int fake_cuda_peer_enabled(int dev, int peer);
 
 #endif // HPCDL_FAKE_CUDA_H

@@ -4,7 +4,8 @@
  * functions as reduce_kernels.cu (reduce_elem.h), run as a "kernel" on the
  * stream's worker thread, after the fake's delay and in order with its copies.
  * A pointer that is not device memory fails the launch, as a kernel reading
- * host memory would fault on a GPU.
+ * host memory would fault on a GPU; so does another GPU's memory without peer
+ * access.
  */
 #include <string.h>
 #include "cuda_core.h"
@@ -43,11 +44,17 @@ static void kernel(void *arg) {
     }
 }
 
-// 1 when [p, p + bytes) is device or managed memory.
+// 1 when [p, p + bytes) is device or managed memory that a kernel on the
+// current GPU may touch: its own, or a peer's with peer access enabled (a
+// peer's memory opened through IPC included).
 static int on_device(const void *p, size_t bytes) {
     struct cudaPointerAttributes at;
+    int cur = 0;
     if (!p || cudaPointerGetAttributes(&at, p) != cudaSuccess) return 0;
     if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged) return 0;
+    if (at.type == cudaMemoryTypeDevice &&
+        (cudaGetDevice(&cur) != cudaSuccess || !fake_cuda_peer_enabled(cur, at.device)))
+        return 0;
     return cudaPointerGetAttributes(&at, (const char *)p + bytes - 1) == cudaSuccess &&
            (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged);
 }
