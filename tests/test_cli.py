@@ -116,9 +116,49 @@ def test_dash_np_and_a_subcommands_usage():
     from hpcdl.cli.main import build_parser
     assert build_parser().parse_args(["train", "-np", "3"]).n == 3
     assert build_parser().parse_args(["run", "-np", "2", "--", "true"]).n == 2
-    r = hpcdl("bench", "allreduce", "--bogus")
-    assert r.returncode == 2 and r.stderr.startswith("usage: hpcdl bench allreduce ")
-    assert r.stderr.strip().endswith("unrecognized arguments: --bogus"), r.stderr
+    r = hpcdl("bench", "allreduce", "--bogus")  # the subcommand's name, in one line
+    assert r.returncode == 2 and r.stderr == (
+        "hpcdl bench allreduce: error: unrecognized arguments: --bogus (`hpcdl bench "
+        "allreduce -h` shows the options)\n"), r.stderr
+
+
+# ---------------------------------------------------------------- issue #38
+@pytest.mark.parametrize("argv, unknown, meant", [
+    (["train", "--lr-sc", "linear"], "--lr-sc linear", "--lr-scaling? (no option may be "
+                                                       "abbreviated; `hpcdl train -h`"),
+    (["train", "--lr-scalng", "linear"], "--lr-scalng linear", "--lr-scaling? (`hpcdl train"),
+    (["train", "--warmup", "2"], "--warmup 2", "--warmup-epochs or --warmup-start-lr? (no "
+                                               "option may be abbreviated"),
+    (["train", "--epoch", "3", "--modle=mlp"], "--epoch 3 --modle=mlp",
+     "--epochs (for --epoch), --mode or --model (for --modle=mlp)? ("),
+    (["sim", "scaling", "--alfa", "5us", "--step-compute-ms", "5"], "--alfa 5us",
+     "--alpha? (`hpcdl sim scaling -h`"),
+    (["run", "--tracebak", "--", "true"], "--tracebak", "--tracebacks? (`hpcdl run -h`"),
+    (["slurm", "render", "preemptible", "--partiton=x"], "--partiton=x", "--partition? ("),
+    (["--verison"], "--verison", "--version? (`hpcdl -h` shows the options)"),
+])
+def test_an_unknown_option_is_one_line_naming_the_closest(argv, unknown, meant):
+    """`--lr-sc linear` printed train's 25 lines of usage, then 'unrecognized
+    arguments', no hint: now one line, for any subcommand, with the options
+    meant; a prefix is not taken as the option (prefixes change meaning when
+    options are added) but named as one."""
+    from hpcdl.cli.main import build_parser, chosen_parser, unknown_options
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    assert " ".join(extra) == unknown  # refused, not taken as a prefix
+    line = unknown_options(chosen_parser(parser, args), extra)
+    assert line.startswith("unrecognized arguments: %s; did you mean %s" % (unknown, meant)), \
+        line
+    r = hpcdl(*argv)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "usage" not in r.stderr
+    assert r.stderr.endswith("error: %s\n" % line), r.stderr
+
+
+def test_an_unknown_option_without_a_close_one_says_where_to_look():
+    from hpcdl.cli.main import build_parser, unknown_options
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    assert unknown_options(train, ["--bogus", "stray"]) == (
+        "unrecognized arguments: --bogus stray (`hpcdl train -h` shows the options)")
 
 
 def test_launcher_options_pass_through():

@@ -4,9 +4,13 @@ Each subcommand lives in its own module with register(subparsers), which adds
 a parser whose default `func(args) -> int` runs it. Errors a user can fix are
 raised as UsageError and printed as one line per problem ('hpcdl: error: ...',
 all in one write, so ranks' lines never interleave), with exit status 2. A
-bad option shows the usage of the (sub)command it was given to.
+bad option value shows the usage of the (sub)command it was given to; an
+unknown option is one line naming the closest options (unknown_options).
+No option may be abbreviated: a prefix is an unknown option whose line names
+the options it begins (no_abbreviations).
 """
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -104,6 +108,38 @@ def no_abbreviations(parser):
         p.allow_abbrev = False
 
 
+def closest_options(parser, word):
+    """The options of parser that word (an unknown '--name' or '--name=value')
+    was likely meant as: those it begins (an abbreviation, up to 3), else the
+    nearest spellings (difflib, on the names without their dashes)."""
+    name = word.split("=", 1)[0]
+    known = {s.lstrip("-"): s for a in parser._actions for s in a.option_strings
+             if s.startswith("--")}
+    begun = [s for s in known.values() if s.startswith(name)]
+    if begun:
+        return begun[:3]
+    return [known[k] for k in difflib.get_close_matches(name.lstrip("-"), list(known), n=2,
+                                                        cutoff=0.65)]  # alfa: alpha
+
+
+def unknown_options(parser, extra):
+    """The one line for arguments parser did not take (extra): argparse's
+    'unrecognized arguments: ...', for each unknown option the options it was
+    likely meant as ('--lr-sc linear' -> --lr-scaling), and where to look."""
+    guesses = [(w, closest_options(parser, w)) for w in extra
+               if w.startswith("--") and w != "--"]
+    guesses = [(w, close) for w, close in guesses if close]
+    text = "unrecognized arguments: %s" % " ".join(extra)
+    if len(guesses) == 1:
+        text += "; did you mean %s?" % " or ".join(guesses[0][1])
+    elif guesses:
+        text += "; did you mean %s?" % ", ".join("%s (for %s)" % (" or ".join(close), w)
+                                                  for w, close in guesses)
+    prefix = any(c.startswith(w.split("=", 1)[0]) for w, close in guesses for c in close)
+    return "%s (%s`%s -h` shows the options)" % (
+        text, "no option may be abbreviated; " if prefix else "", parser.prog)
+
+
 def one_line_option_errors(parser):
     """A bad option on a sieved rank raises UsageError (one labelled line,
     which the launcher groups) instead of argparse's usage block on every
@@ -120,8 +156,12 @@ def main(argv=None):
         one_line_option_errors(parser)
     try:
         args, extra = parser.parse_known_args(argv)
-        if extra:  # argparse would show the top-level usage; show the subcommand's
-            chosen_parser(parser, args).error("unrecognized arguments: %s" % " ".join(extra))
+        if extra:  # one line, for the subcommand they were given to (not the top level)
+            sub = chosen_parser(parser, args)
+            line = unknown_options(sub, extra)
+            if sieved_rank() is not None:  # one labelled line, as one_line_option_errors'
+                raise UsageError("%s: %s" % (sub.prog, line))
+            sub.exit(2, "%s: error: %s\n" % (sub.prog, line))
         if not getattr(args, "func", None):
             chosen_parser(parser, args).print_help()
             return 2
