@@ -167,7 +167,8 @@ def test_resolve_model_rejects(text, words):
 def test_units():
     assert units.parse_time("5us") == pytest.approx(5e-6)
     assert units.parse_time("1.5ms") == pytest.approx(1.5e-3)
-    assert units.parse_time("2e-6") == pytest.approx(2e-6)
+    assert units.parse_time("2e-6s") == pytest.approx(2e-6)
+    assert units.parse_time("0") == units.parse_beta("0") == 0.0  # 0 in any unit
     assert units.parse_beta("0.1ns") == pytest.approx(1e-10)
     assert units.parse_beta("10GB/s") == pytest.approx(1e-10)
     assert units.parse_beta("800MB/s") == pytest.approx(1 / 800e6)
@@ -267,6 +268,40 @@ def test_sim_scaling_reads_a_calibration(tmp_path):
     cal.write_text(json.dumps({"alpha": 2e-6}))
     r = hpcdl("sim", "scaling", "--calibration", str(cal), "--step-compute-ms", "20")
     assert r.returncode == 2 and "cannot read alpha and beta" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("sub, flag, value, words", [
+    ("scaling", "--alpha", "5", "bad --alpha '5': a number without a unit; give 5us, 5ms or 5s"),
+    ("scaling", "--alpha", "5e-6", "give 5e-6us, 5e-6ms or 5e-6s"),
+    ("scaling", "--beta", "12.5", "bad --beta '12.5': a number without a unit; give a time per "
+                                  "byte (12.5ns) or a bandwidth (12.5GB/s)"),
+    ("scaling", "--alpha-intra", "2", "bad --alpha-intra '2': a number without a unit"),
+    ("scaling", "--beta-intra", "150", "bad --beta-intra '150': a number without a unit"),
+    ("scaling", "--gamma", "1e-11", "bad --gamma '1e-11': a number without a unit"),
+    ("step", "--alpha", "5", "bad --alpha '5': a number without a unit"),
+    ("step", "--compress-gamma", "0.01", "bad --compress-gamma '0.01': a number without a "
+                                         "unit"),
+    ("step", "--cpu-per-byte", "4", "bad --cpu-per-byte '4': a number without a unit"),
+    ("pipeline", "--alpha", "5", "bad --alpha '5': a number without a unit"),
+    ("pipeline", "--beta", "10", "bad --beta '10': a number without a unit"),
+])
+def test_a_time_or_bandwidth_without_a_unit_is_refused(sub, flag, value, words):
+    """issue 38: `hpcdl sim scaling --alpha 5` was read as 5 seconds (0.1%
+    efficiency) without a word. Every time and bandwidth flag of hpcdl sim
+    takes units (units.py); a bare number other than 0 is one line asking
+    for one."""
+    base = {"scaling": ["--step-compute-ms", "50"],
+            "step": ["--model", "resnet50", "--gpus", "8", "--step-compute-ms", "50"],
+            "pipeline": ["--stages", "4", "--batch", "32", "--activation-elements", "1M",
+                         "--step-compute-ms", "100"]}[sub]
+    link = {"--alpha": "5us", "--beta": "10GB/s", flag: value}
+    r = hpcdl("sim", sub, *base, *[x for kv in link.items() for x in kv])
+    assert r.returncode == 2 and not r.stdout, (r.stdout, r.stderr)
+    assert r.stderr.startswith("hpcdl: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert words in r.stderr, r.stderr
+    link[flag] = "0"  # the same in every unit: taken
+    r = hpcdl("sim", sub, *base, *[x for kv in link.items() for x in kv])
+    assert r.returncode == 0, r.stderr
 
 
 def test_sim_scaling_needs_a_network():

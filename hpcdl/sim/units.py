@@ -1,11 +1,12 @@
 """units.py - reading and writing the model's quantities: latencies ("5us"),
 per-byte times or bandwidths ("0.1ns", "10GB/s") and parameter counts
 ("25.6M", "1.5e9"). Parsers raise ValueError naming the value and the forms
-they accept."""
+they accept. A time or bandwidth needs its unit: a bare number other than 0
+is refused (`--alpha 5` was read as 5 seconds without a word)."""
 import re
 
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
-_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _RATE_UNITS = {"b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12,
                "kbit/s": 1e3 / 8, "mbit/s": 1e6 / 8, "gbit/s": 1e9 / 8, "tbit/s": 1e12 / 8}
 _COUNT_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
@@ -18,19 +19,37 @@ def _split(text, units):
     return float(m.group(1)), units[m.group(2).lower()]
 
 
+def _bare(text, what, forms):
+    """0.0 for a bare 0 (the same in every unit); ValueError for any other
+    bare number, asking for its unit (forms: '%s' -> the examples); None
+    when text is not a bare number."""
+    if re.fullmatch(_NUMBER, str(text).strip()) is None:
+        return None
+    if float(text) == 0:
+        return 0.0
+    raise ValueError("bad %s %r: a number without a unit; give %s"
+                     % (what, text, forms % ((str(text).strip(),) * forms.count("%s"))))
+
+
 def parse_time(text, what="alpha"):
-    """'5us' -> 5e-06 s; '0.005ms', '5e-6' (seconds) too. Must be >= 0."""
+    """'5us' -> 5e-06 s; '0.005ms', '5e-6s' too; '0' is 0. Must be >= 0."""
+    bare = _bare(text, what, "%sus, %sms or %ss")
+    if bare is not None:
+        return bare
     got = _split(text, _TIME_UNITS)
     if got is None:
-        raise ValueError("bad %s %r: give a time such as 5us, 0.8us, 1.5ms or 5e-6 "
-                         "(seconds)" % (what, text))
+        raise ValueError("bad %s %r: give a time such as 5us, 0.8us, 1.5ms or 5e-6s"
+                         % (what, text))
     return got[0] * got[1]
 
 
 def parse_beta(text, what="beta"):
-    """Seconds per byte: '0.1ns' -> 1e-10, '1e-10' (seconds), or a bandwidth:
-    '10GB/s' -> 1e-10 (GB = 1e9 bytes), '50Gb/s' or '50Gbit/s' (bits) -> 1.6e-10.
-    A bandwidth must be > 0."""
+    """Seconds per byte: '0.1ns' -> 1e-10, '1e-10s', or a bandwidth:
+    '10GB/s' -> 1e-10 (GB = 1e9 bytes), '50Gb/s' or '50Gbit/s' (bits) -> 1.6e-10;
+    '0' is 0. A bandwidth must be > 0."""
+    bare = _bare(text, what, "a time per byte (%sns) or a bandwidth (%sGB/s)")
+    if bare is not None:
+        return bare
     time = _split(text, _TIME_UNITS)
     if time is not None:
         return time[0] * time[1]
@@ -39,7 +58,7 @@ def parse_beta(text, what="beta"):
     text = re.sub(r"(?<=[0-9\s])([kMGT])b/s$", r"\1bit/s", str(text).strip())
     rate = _split(text, _RATE_UNITS)
     if rate is None:
-        raise ValueError("bad %s %r: give a time per byte (0.1ns, 1e-10) or a bandwidth "
+        raise ValueError("bad %s %r: give a time per byte (0.1ns, 1e-10s) or a bandwidth "
                          "(10GB/s, 800MB/s)" % (what, text))
     if rate[0] <= 0:
         raise ValueError("%s bandwidth must be > 0 (got %r)" % (what, text))
