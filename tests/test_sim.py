@@ -271,20 +271,13 @@ def test_sim_scaling_reads_a_calibration(tmp_path):
 
 
 @pytest.mark.parametrize("sub, flag, value, words", [
-    ("scaling", "--alpha", "5", "bad --alpha '5': a number without a unit; give 5us, 5ms or 5s"),
+    ("scaling", "--alpha", "5", "give 5us, 5ms or 5s"),
     ("scaling", "--alpha", "5e-6", "give 5e-6us, 5e-6ms or 5e-6s"),
-    ("scaling", "--beta", "12.5", "bad --beta '12.5': a number without a unit; give a time per "
-                                  "byte (12.5ns) or a bandwidth (12.5GB/s)"),
-    ("scaling", "--alpha-intra", "2", "bad --alpha-intra '2': a number without a unit"),
-    ("scaling", "--beta-intra", "150", "bad --beta-intra '150': a number without a unit"),
-    ("scaling", "--gamma", "1e-11", "bad --gamma '1e-11': a number without a unit"),
-    ("step", "--alpha", "5", "bad --alpha '5': a number without a unit"),
-    ("step", "--compress-gamma", "0.01", "bad --compress-gamma '0.01': a number without a "
-                                         "unit"),
-    ("step", "--cpu-per-byte", "4", "bad --cpu-per-byte '4': a number without a unit"),
-    ("pipeline", "--alpha", "5", "bad --alpha '5': a number without a unit"),
-    ("pipeline", "--beta", "10", "bad --beta '10': a number without a unit"),
-])
+    ("scaling", "--beta", "12.5", "give a time per byte (12.5ns) or a bandwidth (12.5GB/s)"),
+] + [(sub, flag, "4", "") for sub, flag in (
+    ("scaling", "--alpha-intra"), ("scaling", "--beta-intra"), ("scaling", "--gamma"),
+    ("step", "--alpha"), ("step", "--compress-gamma"), ("step", "--cpu-per-byte"),
+    ("pipeline", "--alpha"), ("pipeline", "--beta"))])
 def test_a_time_or_bandwidth_without_a_unit_is_refused(sub, flag, value, words):
     """issue 38: `hpcdl sim scaling --alpha 5` was read as 5 seconds (0.1%
     efficiency) without a word. Every time and bandwidth flag of hpcdl sim
@@ -298,7 +291,8 @@ def test_a_time_or_bandwidth_without_a_unit_is_refused(sub, flag, value, words):
     r = hpcdl("sim", sub, *base, *[x for kv in link.items() for x in kv])
     assert r.returncode == 2 and not r.stdout, (r.stdout, r.stderr)
     assert r.stderr.startswith("hpcdl: error: ") and r.stderr.count("\n") == 1, r.stderr
-    assert words in r.stderr, r.stderr
+    assert "bad %s '%s': a number without a unit; %s" % (flag, value, words) in r.stderr, \
+        r.stderr
     link[flag] = "0"  # the same in every unit: taken
     r = hpcdl("sim", sub, *base, *[x for kv in link.items() for x in kv])
     assert r.returncode == 0, r.stderr
