@@ -83,6 +83,44 @@ def test_summarize_keeps_the_auto_row_out_of_the_fit(tmp_path):
     assert (tmp_path / "auto.png").stat().st_size > 0
 
 
+def test_a_run_that_ends_at_chance_counts_as_diverged():
+    """issue 38: goyal at 2048 ended at 0.1000 with a finite loss and the table
+    said `diverged 0`. At chance (within 1 point of the most common class's
+    share of the test set) a run learned nothing: it counts, as does a loss
+    that is not finite; just above is a slow run, not a diverged one."""
+    runs = [dict(recipe="goyal", batch=2048, seed=s, epochs=_epochs(a, 10))
+            for s, a in enumerate(([0.3, 0.1], [0.5, 0.1099], [0.2, 0.1101]))]
+    runs[2]["epochs"][0]["loss"] = math.nan  # diverged, whatever it ended at
+    runs += [dict(recipe="goyal", batch=64, seed=0, epochs=_epochs([0.5, 0.12], 10))]
+    big, small = sorted(lb.summarize(runs, target=0.9, chance=0.1), key=lambda r: -r["batch"])
+    assert (big["diverged"], small["diverged"]) == (3, 0)
+    assert lb.summarize(runs, target=0.9)[1]["diverged"] == 1  # chance unknown: the loss alone
+    assert lb.chance_accuracy("synthetic:8:4:400") >= 0.25
+    digits = lb.chance_accuracy("digits")  # 10 classes, nearly balanced: a bit over 0.1
+    assert 0.1 <= digits < 0.12
+
+
+def test_the_json_is_strict_and_the_table_says_what_inf_means(tmp_path, capsys):
+    """issue 38: --json wrote bare Infinity (B_frozen inf), which is not JSON;
+    it is now the string "inf", and the table's footer says what inf means."""
+    import json
+    epochs = _epochs([0.5, 0.96], 10)
+    epochs[-1]["b_simple"] = math.inf
+    runs = [dict(recipe="lamb", batch=b, seed=0, epochs=epochs, b_simple_frozen=math.inf,
+                 b_simple_offline=-math.inf) for b in (64, 256)]
+    rows = lb.summarize(runs, target=0.9, chance=0.1)
+    doc = lb.strict_json(dict(rows=rows, runs=runs, nan=math.nan, ok=(1.5, None, "x")))
+    text = json.dumps(doc, allow_nan=False)  # raises on a bare Infinity
+    back = json.loads(text, parse_constant=lambda c: pytest.fail("bare " + c))
+    assert back["rows"][0]["b_simple_frozen"] == "inf" and back["nan"] == "nan"
+    assert back["runs"][1]["b_simple_offline"] == "-inf" and back["ok"] == [1.5, None, "x"]
+    assert float(back["runs"][0]["epochs"][-1]["b_simple"]) == math.inf
+    lb.print_table(rows, 0.97, 0.96, lb.Options(batches=[64, 256], recipes=["lamb"]), 0.1)
+    out = capsys.readouterr().out
+    assert "# inf: |G|^2 came out <= 0" in out and "ended at chance (test accuracy <= 0.1100" \
+        in out, out
+
+
 def test_cli_reads_auto_in_any_position_and_checks_it_before_any_rank():
     from hpcdl.cli.bench_large_batch import _batches, check_configs
     from hpcdl.cli.main import UsageError
@@ -131,7 +169,7 @@ def test_study_runs_end_to_end_on_two_ranks(tmp_path):
                     "--plot", str(tmp_path / "lb.png")], timeout=300)
     assert r.returncode == 0, r.stdout[-3000:]
     assert "== run 6/6: recipe plain, global batch auto" in r.stdout
-    data = json.loads(out.read_text())
+    data = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail("bare " + c))
     assert [(row["recipe"], row["batch"]) for row in data["rows"]] == \
         [("goyal", 32), ("goyal", 256), ("goyal", "auto"), ("plain", 32), ("plain", 256),
          ("plain", "auto")]
@@ -156,8 +194,9 @@ def test_study_runs_end_to_end_on_two_ranks(tmp_path):
         assert len(run["epochs"]) == 2 and run["epochs"][-1]["step"] == 2 * (1437 // row["batch"])
     assert (tmp_path / "lb.png").stat().st_size > 0
     for run in [x for x in data["runs"] if x["batch"] != "auto"]:  # the offline check
-        diverged = not all(math.isfinite(e["loss"]) for e in run["epochs"])
-        assert diverged or (run["b_simple_offline"] > 0 and run["b_simple_frozen"] > 0), run
+        diverged = lb.diverged(run["epochs"], data["chance"])
+        assert diverged or (float(run["b_simple_offline"]) > 0
+                            and float(run["b_simple_frozen"]) > 0), run  # "inf" too
     assert "B_simple at the final weights (frozen, 512 samples)" in r.stdout, r.stdout
     assert "B_offline" in r.stdout
 

@@ -5,6 +5,12 @@ one run after another in this job), then reports per batch x recipe the
 final and best test accuracy (mean over seeds), the steps and training time
 to the target, and the gradient noise scale B_simple the run measured (the
 median of its per-epoch values; meaningless for a run that diverged).
+A run diverged when its loss became inf or nan, or when it ended at chance
+accuracy: within CHANCE_MARGIN of what predicting the test set's most common
+class scores (0.1 on MNIST-1D; plain SGD at 2048 ends there with a finite
+loss). The JSON (--json) is strict JSON: a number that is not finite (a
+B_simple of inf, where |G|^2 came out <= 0) is written as the string "inf"
+("-inf", "nan"), which float() reads back.
 
 The target is A0 - --target-drop, where A0 is the baseline's mean final
 accuracy (by default the first recipe at the smallest batch), unless
@@ -63,6 +69,7 @@ from ..train import TrainConfig, train
 from ..train.config import load_recipe, with_recipe
 
 AUTO = "auto"  # the batch of a --global-batch auto run (Options.auto)
+CHANCE_MARGIN = 0.01  # a run ending within this of chance accuracy learned nothing
 ALLREDUCE = "allreduce"  # hpcdl train's default --mode
 
 
@@ -145,6 +152,38 @@ def median_b_simple(epochs):
     return statistics.median(values) if values else None
 
 
+def chance_accuracy(spec, seed=0):
+    """Collective where spec is a shard directory. The test accuracy of
+    predicting the test set's most common class (1 / classes where the test
+    labels are not in memory): where a run that learned nothing ends."""
+    from ..train import data  # on use: loads numpy and torch
+    ds = data.load(spec, seed)
+    y = getattr(ds, "y_test", None)
+    if y is None or not len(y):
+        return 1.0 / ds.num_classes
+    return max(int((y == c).sum()) for c in set(y.tolist())) / len(y)
+
+
+def diverged(epochs, chance=None):
+    """Whether a run's records say it diverged: a loss that is not finite, or
+    a final test accuracy at chance (at most chance + CHANCE_MARGIN)."""
+    if not all(math.isfinite(e["loss"]) for e in epochs):
+        return True
+    return chance is not None and epochs[-1]["test_accuracy"] <= chance + CHANCE_MARGIN
+
+
+def strict_json(value):
+    """value with every float that is not finite replaced by "inf", "-inf" or
+    "nan" (json.dump writes bare Infinity / NaN, which is not JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def series(r):
     """(recipe, mode) of a run or row: one line of the table's rows, fit and plot."""
     return r["recipe"], r.get("mode", ALLREDUCE)
@@ -156,8 +195,9 @@ def label(r):
     return recipe if mode == ALLREDUCE else "%s/%s" % (recipe, mode)
 
 
-def summarize(runs, target):
-    """Rows per recipe x mode x batch (means over seeds) from the runs' records."""
+def summarize(runs, target, chance=None):
+    """Rows per recipe x mode x batch (means over seeds) from the runs' records;
+    chance: the accuracy at which a run counts as diverged (diverged())."""
     rows = []
     for key in dict.fromkeys(series(r) for r in runs):
         batches = {r["batch"] for r in runs if series(r) == key}
@@ -181,8 +221,7 @@ def summarize(runs, target):
                 b_simple_last=mean([r["epochs"][-1].get("b_simple") for r in mine]),
                 b_simple_frozen=mean([r.get("b_simple_frozen") for r in mine]),
                 b_simple_offline=mean([r.get("b_simple_offline") for r in mine]),
-                diverged=sum(1 for r in mine if not all(
-                    math.isfinite(e["loss"]) for e in r["epochs"]))))
+                diverged=sum(1 for r in mine if diverged(r["epochs"], chance))))
             if batch == AUTO:  # where auto ended: the mean over seeds of the last batch
                 rows[-1]["final_batch"] = mean([global_batches(r)[-1] for r in mine])
     for key in dict.fromkeys(series(r) for r in rows):
@@ -252,15 +291,14 @@ def train_one(opts, recipe, batch, seed, out, mode=ALLREDUCE):
         return [json.loads(line) for line in f]
 
 
-def check_after(opts, recipe, batch, seed, out, epochs, mode=ALLREDUCE):
+def check_after(opts, recipe, batch, seed, out, epochs, mode=ALLREDUCE, chance=None):
     """Collective, after a run: the noise-scale check at its final weights
     ((online, offline) B_simple on rank 0), or None: not asked for, one
     rank, an auto run (no single batch to estimate at), a mode other than
     allreduce (it measures no B_simple to check), or the run diverged
-    (rank 0's epochs say)."""
-    diverged = comm.bcast_object(
-        epochs is not None and not all(math.isfinite(e["loss"]) for e in epochs))
-    if (opts.offline_samples <= 0 or diverged or comm.size() < 2 or batch == AUTO
+    (rank 0's epochs say, with chance as in diverged())."""
+    lost = comm.bcast_object(epochs is not None and diverged(epochs, chance))
+    if (opts.offline_samples <= 0 or lost or comm.size() < 2 or batch == AUTO
             or mode != ALLREDUCE):
         return None
     cfg = TrainConfig(**run_values(opts, recipe, batch, seed, out))
@@ -316,6 +354,7 @@ def run(opts):
                    " x modes %s; auto with allreduce only" % ",".join(opts.modes)
                    if len(opts.modes) > 1 or opts.modes[0] != ALLREDUCE else "",
                    opts.data, opts.model, opts.epochs, comm.size()))
+    chance = chance_accuracy(opts.data, opts.seeds[0])
     runs, t0 = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hpcdl-large-batch-") as tmp:
         top = opts.out or tmp
@@ -326,7 +365,7 @@ def run(opts):
             out = os.path.join(top, "%s-b%s-s%d%s" % (recipe, batch, seed, "" if mode ==
                                                       ALLREDUCE else "-" + mode))
             epochs = train_one(opts, recipe, batch, seed, out, mode)
-            check = check_after(opts, recipe, batch, seed, out, epochs, mode)
+            check = check_after(opts, recipe, batch, seed, out, epochs, mode, chance)
             if epochs is not None:
                 online, offline = check or (None, None)
                 runs.append(dict(recipe=recipe, batch=batch, seed=seed, mode=mode,
@@ -345,15 +384,17 @@ def run(opts):
                if series(r) == (opts.recipes[0], opts.modes[0])
                and r["batch"] == opts.batches[0]])
     target = opts.target if opts.target is not None else a0 - opts.target_drop
-    rows = summarize(runs, target)
+    rows = summarize(runs, target, chance)
     compared = compare_modes(rows, opts.modes)
-    print_table(rows, a0, target, opts)
+    print_table(rows, a0, target, opts, chance)
     print_comparison(compared)
     if opts.json:
         with open(opts.json, "w") as f:
-            json.dump(dict(a0=a0, target=target, ranks=comm.size(), epochs=opts.epochs,
-                           data=opts.data, model=opts.model, modes=opts.modes, rows=rows,
-                           runs=runs, mode_comparison=compared), f, indent=1)
+            json.dump(strict_json(dict(a0=a0, target=target, chance=chance,
+                                       ranks=comm.size(), epochs=opts.epochs, data=opts.data,
+                                       model=opts.model, modes=opts.modes, rows=rows,
+                                       runs=runs, mode_comparison=compared)),
+                      f, indent=1, allow_nan=False)
         print("json: %s" % opts.json)
     if opts.plot:
         plot(rows, target, opts.plot)
@@ -366,7 +407,7 @@ def _fmt(value, fmt):
     return fmt % value if value is not None else "-"
 
 
-def print_table(rows, a0, target, opts):
+def print_table(rows, a0, target, opts, chance=None):
     print("\n# baseline A0 = %.4f (%s at batch %d, mean of %d seeds); target %.4f"
           % (a0, label(dict(recipe=opts.recipes[0], mode=opts.modes[0])), opts.batches[0],
              len(opts.seeds), target))
@@ -383,6 +424,13 @@ def print_table(rows, a0, target, opts):
     print("# B_simple: the run's median over epochs; B_last: its last epoch's (online, "
           "smoothed over ~100 steps); B_frozen / B_offline: at the final weights, online "
           "and offline from the same samples")
+    print("# inf: |G|^2 came out <= 0, the gradient all noise as far as the samples tell "
+          "(near a minimum): no batch size limit measured; -: not measured (diverged, auto, "
+          "other modes, one rank)")
+    print("# diverged: runs whose loss became inf or nan%s"
+          % ("" if chance is None else " or that ended at chance (test accuracy <= %.4f, "
+             "what predicting the most common class scores, + %g)" % (chance + CHANCE_MARGIN,
+                                                                     CHANCE_MARGIN)))
     for r in (x for x in rows if x["batch"] == AUTO):
         print("# %s auto: --global-batch auto, lr by AdaScale, ended at batch %.0f (mean over "
               "seeds); its steps mix batch sizes, compare its s->tgt"
