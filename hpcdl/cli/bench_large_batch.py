@@ -66,7 +66,9 @@ def register(sub):
                         "the first mode (auto runs: allreduce only)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="keep every run's metrics.jsonl and curves here")
-    p.add_argument("--json", default=None, metavar="FILE", help="write rows and runs as JSON")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="write rows and runs as JSON (a value that is not finite, such as "
+                        "a B_simple of inf, as the string \"inf\")")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="accuracy vs batch and steps-to-target vs batch")
     p.set_defaults(func=run)
