@@ -91,7 +91,8 @@ int hpcdl_dispatch_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_shared_b
     if (ctx->check) { // the memory path too: device and host paths send other messages
         static const char *const names[] = {
             "valid", "count", "dtype", "op", "algorithm", "shared buffer (-1: none)",
-            "memory path (0 host, 1 GPU staged, 2 GPU-direct)", "HPCDL_CUDA_STAGE_BYTES"};
+            "memory path (0 host, 1 GPU staged, 2 GPU-direct; 3, 4: with IPC in a node)",
+            "HPCDL_CUDA_STAGE_BYTES"};
         int64_t sig[] = {1, (int64_t)count, dtype, op, algo, hpcdl_shared_id(shared),
                          hpcdl_where_path(where), hpcdl_where_stage(where)};
         if (inline_fits(t, shared, where, bytes, algo)) { // the data rides in the check

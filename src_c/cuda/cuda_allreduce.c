@@ -1,7 +1,10 @@
 /*
  * cuda_allreduce.c - all-reduce of device buffers, reached from
  * hpcdl_dispatch_allreduce for buffers cuda_where.c found on a GPU, after
- * the producer's ready event. Two ways:
+ * the producer's ready event. Three ways:
+ *
+ *   IPC (every rank on one node, HPCDL_CUDA_IPC not 0): cuda_ipc.c, each
+ *   rank reading its peers' device memory directly; never the host.
  *
  *   GPU-direct (hpcdl_mpi_cuda_aware()): device pointers go straight to MPI,
  *   which moves them with GPUDirect RDMA on InfiniBand. algo=mpi hands the
@@ -326,6 +329,12 @@ static int direct_allreduce(hpcdl_team *t, gpu_state *g, const void *send, void 
 // ----------------------------------------------------------------------------
 // entry point
 
+// Local: the IPC path applies (the same answer on every rank: the team's
+// topology and HPCDL_CUDA_IPC, which the agreement check compares).
+int hpcdl_cuda_uses_ipc(const hpcdl_team *t) {
+    return hpcdl_cuda_ipc_enabled() && t->size > 1 && t->cross_size == 1;
+}
+
 // Collective over t, called by hpcdl_dispatch_allreduce after the agreement
 // check (count, dtype, op, algo and the path: device, CUDA-awareness, stage
 // size) with algo resolved (mpi, hier or ring). Both buffers are memory of
@@ -349,12 +358,18 @@ int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_where *where
     }
     gpu_state *g = NULL;
     HPCDL_TRY(get_state(dev, &g));
-    // MPI and this thread's stream read send directly: first the producer's
-    // work queued before the call (its stream, recorded at the call)
-    if (where->ready) HPCDL_TRY(gpu_wait(t, NULL, (cudaEvent_t)where->ready));
-    int rc = hpcdl_mpi_cuda_aware()
-                 ? direct_allreduce(t, g, send, recv, count, dtype, op, algo)
-                 : staged_allreduce(t, g, send, recv, count, dtype, op, algo);
+    int rc;
+    if (hpcdl_cuda_uses_ipc(t)) { // one node: the peers' memory directly (cuda_ipc.c)
+        rc = hpcdl_ipc_allreduce(t, t->local, dev, g->stream, (cudaEvent_t)where->ready, send,
+                                 recv, count, dtype, op);
+        if (rc == HPCDL_OK) rc = gpu_wait(t, g->stream, NULL);
+    } else {
+        // MPI and this thread's stream read send directly: first the producer's
+        // work queued before the call (its stream, recorded at the call)
+        if (where->ready) HPCDL_TRY(gpu_wait(t, NULL, (cudaEvent_t)where->ready));
+        rc = hpcdl_mpi_cuda_aware() ? direct_allreduce(t, g, send, recv, count, dtype, op, algo)
+                                    : staged_allreduce(t, g, send, recv, count, dtype, op, algo);
+    }
     if (rc != HPCDL_OK) settle(g);
     return rc;
 }

@@ -50,6 +50,26 @@ int hpcdl_cuda_reduce(void *out, const void *a, const void *b, size_t count,
 int hpcdl_cuda_divide(void *buf, size_t count, hpcdl_dtype dtype, int n,
                       cudaStream_t stream);
 
+// ----------------------------------------------------------------------------
+// the IPC transport inside a node (cuda_ipc.c); the core's C files only
+// (common.h first: it needs the team)
+
+#if defined(HPCDL_COMMON_H) && !defined(__cplusplus)
+// Local: HPCDL_CUDA_IPC is not 0.
+int hpcdl_cuda_ipc_enabled(void);
+// Local: device all-reduces on team t take the IPC path (enabled, more than
+// one rank, all on one node); the same answer on every rank.
+int hpcdl_cuda_uses_ipc(const hpcdl_team *t);
+// Collective over comm, all of whose ranks are on this node: the all-reduce
+// of device memory through IPC, queued on s after ready (NULL: none); recv
+// is final once s is idle. Preconditions across ranks: same count, dtype, op
+// and HPCDL_CUDA_STAGE_BYTES. send, recv: memory of GPU dev, the thread's
+// current device.
+int hpcdl_ipc_allreduce(hpcdl_team *t, MPI_Comm comm, int dev, cudaStream_t s,
+                        cudaEvent_t ready, const void *send, void *recv, size_t count,
+                        hpcdl_dtype dtype, hpcdl_op op);
+#endif
+
 #ifdef __cplusplus
 }
 #endif

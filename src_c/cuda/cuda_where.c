@@ -161,8 +161,11 @@ void hpcdl_where_release(hpcdl_where *w) {
     w->ready = NULL;
 }
 
+// 0 host, 1 staged, 2 GPU-direct; 3 and 4 the same with IPC inside a node
+// (HPCDL_CUDA_IPC), taken when the team is one node.
 int64_t hpcdl_where_path(const hpcdl_where *w) {
-    return w->device < 0 ? 0 : hpcdl_mpi_cuda_aware() ? 2 : 1;
+    if (w->device < 0) return 0;
+    return (hpcdl_mpi_cuda_aware() ? 2 : 1) + (hpcdl_cuda_ipc_enabled() ? 2 : 0);
 }
 
 // Piece size in bytes: HPCDL_CUDA_STAGE_BYTES, default 8 MiB, read once.
@@ -176,8 +179,10 @@ size_t hpcdl_cuda_stage_bytes(void) {
     return v;
 }
 
+// The piece size, where pieces are used: staging, and IPC (its workspace halves).
 int64_t hpcdl_where_stage(const hpcdl_where *w) {
-    return hpcdl_where_path(w) == 1 ? (int64_t)hpcdl_cuda_stage_bytes() : 0;
+    int64_t path = hpcdl_where_path(w);
+    return path == 1 || path >= 3 ? (int64_t)hpcdl_cuda_stage_bytes() : 0;
 }
 
 #endif // HPCDL_WITH_CUDA

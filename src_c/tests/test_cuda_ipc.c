@@ -75,12 +75,12 @@ int main(int argc, char **argv) {
     // inside an allocation
     cudaEvent_t plain;
     cudaIpcEventHandle_t eh;
-    cudaIpcMemHandle_t mh;
     CUDA_OK(cudaEventCreateWithFlags(&plain, cudaEventDisableTiming));
     CHECK(cudaIpcGetEventHandle(&eh, plain) != cudaSuccess, "rank %d: a plain event exported",
           rank);
     (void)cudaGetLastError();
 #ifdef FAKE_CUDA
+    cudaIpcMemHandle_t mh;
     CHECK(cudaIpcGetMemHandle(&mh, mine + 1) != cudaSuccess, "rank %d: an inner pointer "
           "exported", rank);
     (void)cudaGetLastError();

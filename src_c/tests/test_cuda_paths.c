@@ -8,21 +8,24 @@
  * with that stream: a missing wait reads the poison the buffer held before.
  * Results are read back on the same stream right after the call returns, so
  * a call that returns before its own copies land is caught too.
- *   1. staging and GPU-direct, every dtype x op x algorithm, sizes {0, 1,
- *      N-1, 1031, 20483}, in place and out of place, blocking and through the
- *      engine: bit for bit against MPI_Allreduce on the host copies (hpcdl's
- *      host all-reduce for float16 / bfloat16, which MPI lacks). Values are
- *      rank- and position-dependent and exact in the dtype, so every path
- *      must give the same bits.
+ *   1. staging, GPU-direct and IPC inside a node, every dtype x op x
+ *      algorithm, sizes {0, 1, N-1, 1031, 20483}, in place and out of
+ *      place, blocking and through the engine: bit for bit against
+ *      MPI_Allreduce on the host copies (hpcdl's host all-reduce for float16
+ *      / bfloat16, which MPI lacks). Values are rank- and position-dependent
+ *      and exact in the dtype, so every path must give the same bits. (fake)
+ *      The IPC path copies nothing between host and device.
  *   2. bad input, an error on every rank and no hang: device memory on one
  *      rank and host memory on the others, a GPU that cannot be confirmed, a
  *      pointer query that fails, the CUDA-awareness differing between ranks,
  *      HPCDL_MPI_CUDA_AWARE=1 on an MPI that says it is not CUDA-aware.
  *   3. (fake) no CUDA context on a GPU this rank did not choose.
  *   4. (fake) a CUDA call failing midway on every rank: errors, no hang, and
- *      the next all-reduce right; a GPU architecture the build lacks.
+ *      the next all-reduce right; a GPU architecture the build lacks; IPC
+ *      set-up failing on one rank: an error on every rank.
  *
  *   mpirun -n 2 src_c/build/fake/test_cuda_paths
+ *   HPCDL_TEST_PATHS=ipc: the IPC path only (make check-fake's extra layouts)
  */
 #include <mpi.h>
 #include <unistd.h>
@@ -36,6 +39,17 @@
 
 static int my_dev;
 static cudaStream_t prod; // the "user's" stream that produces every input
+static int no_host_copies; // 1: the path under test must copy nothing host <-> device
+
+// Copies between host and device this process queued so far (the fake's
+// count; the real runtime has none: the GPU run traces them).
+static unsigned long host_copies(void) {
+#ifdef FAKE_CUDA
+    return fake_cuda_host_copies(NULL);
+#else
+    return 0;
+#endif
+}
 
 // ----------------------------------------------------------------------------
 // data: exact in each dtype, so sums in any order give the same bits
@@ -104,6 +118,7 @@ static void one(hpcdl_ctx *ctx, const char *path, size_t count, hpcdl_dtype d, h
     CUDA_OK(cudaDeviceSynchronize());
     produce(dsend, in, bytes);
     hpcdl_mem mem = {my_dev, prod};
+    unsigned long copies = host_copies();
     if (async) {
         hpcdl_handle h;
         char err[512];
@@ -113,6 +128,9 @@ static void one(hpcdl_ctx *ctx, const char *path, size_t count, hpcdl_dtype d, h
     } else {
         OK(hpcdl_allreduce_mem(ctx, dsend, drecv, count, d, op, algo, &mem));
     }
+    copies = host_copies() - copies;
+    CHECK(!no_host_copies || copies == 0, "rank %d %s %s %s count=%zu: %lu copies between "
+          "host and device", rank, path, hpcdl_dtype_name(d), hpcdl_op_name(op), count, copies);
     read_back(got, drecv, bytes);
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < count; i++)
@@ -187,6 +205,11 @@ static void test_bad_input(hpcdl_ctx *ctx) {
     // CUDA-awareness differs: the ranks would run different message patterns
     setenv("HPCDL_MPI_CUDA_AWARE", rank == 0 ? "force" : "0", 1);
     expect_fail(ctx, "CUDA-awareness differs", dev, dev, my_dev, 0, "");
+    setenv("HPCDL_MPI_CUDA_AWARE", "0", 1);
+    // IPC on one rank only
+    setenv("HPCDL_CUDA_IPC", rank == 0 ? "1" : "0", 1);
+    expect_fail(ctx, "HPCDL_CUDA_IPC differs", dev, dev, my_dev, 1, "memory path");
+    setenv("HPCDL_CUDA_IPC", "0", 1);
     // the override contradicts an MPI that says it is not CUDA-aware
     setenv("HPCDL_MPI_CUDA_AWARE", "1", 1);
     if (hpcdl_mpi_cuda_conflict())
@@ -223,6 +246,35 @@ static void fail_midway(hpcdl_ctx *ctx, const char *path, const char *call, int 
     one(ctx, path, count, HPCDL_FLOAT64, HPCDL_MAX, HPCDL_ALGO_AUTO, 0, 1);
 }
 
+// IPC with rank 0's GPU far slower than the others': the fast ranks run
+// pieces ahead while rank 0's streams still read their workspaces (the
+// halves' reuse must wait for it), many pieces per call.
+static void ipc_skewed(hpcdl_ctx *ctx) {
+    fake_cuda_set_delay_us(rank == 0 ? 3000 : 0);
+    for (int k = 0; k < 3; k++)
+        one(ctx, "ipc skewed", 20483, k == 1 ? HPCDL_FLOAT64 : HPCDL_FLOAT32,
+            k == 2 ? HPCDL_AVERAGE : HPCDL_SUM, HPCDL_ALGO_AUTO, k != 1, k == 2);
+    fake_cuda_set_delay_us(200);
+}
+
+// IPC set-up failing on one rank only (opening a peer's memory): an error
+// on every rank, not a hang, and the next all-reduce sets up again and is
+// right. A new context: the link is made at its first IPC all-reduce.
+static void ipc_setup_fails(void) {
+    hpcdl_ctx *ctx;
+    OK(hpcdl_ctx_create(MPI_COMM_WORLD, 0, &ctx));
+    char *dev = NULL;
+    CUDA_OK(cudaMalloc((void **)&dev, 1031 * 4));
+    if (rank == nranks - 1) fake_cuda_fail("cudaIpcOpenMemHandle", 1, cudaErrorInvalidValue);
+    expect_fail(ctx, "IPC set-up failing on one rank", dev, dev, my_dev, 1,
+                rank == nranks - 1 ? "cudaIpcOpenMemHandle" : "another rank of this node");
+    fake_cuda_fail("", 0, cudaSuccess);
+    CUDA_OK(cudaFree(dev));
+    one(ctx, "ipc", 1031, HPCDL_FLOAT32, HPCDL_SUM, HPCDL_ALGO_AUTO, 0, 0);
+    one(ctx, "ipc", 20483, HPCDL_INT32, HPCDL_MAX, HPCDL_ALGO_RING, 1, 1);
+    OK(hpcdl_ctx_destroy(ctx));
+}
+
 // Run alone (FAKE_CUDA_CC=70 set by make check-fake): a GPU the build has no
 // kernels for fails on every rank before any data moves.
 static int arch_only(void) {
@@ -252,13 +304,34 @@ int main(int argc, char **argv) {
 #ifdef FAKE_CUDA
     if (getenv("FAKE_CUDA_CC")) return arch_only();
 #endif
-    setenv("HPCDL_CUDA_STAGE_BYTES", "16384", 0);  // staging: many pieces
+    setenv("HPCDL_CUDA_STAGE_BYTES", "16384", 0);  // staging and IPC: many pieces
     int aware = hpcdl_mpi_cuda_aware(), all_aware = 0;
     MPI_Allreduce(&aware, &all_aware, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    const char *ls = getenv("HPCDL_LOCAL_SIZE");
+    const char *ls = getenv("HPCDL_LOCAL_SIZE"), *only = getenv("HPCDL_TEST_PATHS");
+    int ipc_only = only && !strcmp(only, "ipc");
+    // IPC runs when every rank is on one node (otherwise staging or GPU-direct)
+    MPI_Comm node;
+    int on_node = 0;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &on_node);
+    MPI_Comm_free(&node);
+    int one_node = on_node == nranks && (!ls || atoi(ls) == nranks) && nranks > 1;
     hpcdl_ctx *ctx;
     OK(hpcdl_ctx_create(MPI_COMM_WORLD, ls ? atoi(ls) : 0, &ctx));
     setenv("HPCDL_MPI_CUDA_AWARE", "0", 1);
+    setenv("HPCDL_CUDA_IPC", "1", 1);
+    no_host_copies = one_node;
+    run_path(ctx, one_node ? "ipc" : "ipc (not one node: staged)");
+    no_host_copies = 0;
+#ifdef FAKE_CUDA
+    if (one_node) ipc_skewed(ctx);
+    if (one_node) ipc_setup_fails();
+#endif
+    setenv("HPCDL_CUDA_IPC", "0", 1);
+    if (ipc_only) {
+        OK(hpcdl_ctx_destroy(ctx));
+        goto done;
+    }
     run_path(ctx, "staged");
 #ifdef FAKE_CUDA
     fail_midway(ctx, "staged", "cudaMemcpyAsync", 3); // piece 0's copy back up
@@ -280,17 +353,20 @@ int main(int argc, char **argv) {
     CHECK(!fake_cuda_context_made(other), "rank %d: a CUDA context was made on GPU %d, "
           "which this rank never chose (it uses GPU %d)", rank, other, my_dev);
 #endif
+done:;
     int total_fail = 0;
     MPI_Allreduce(&g_failures, &total_fail, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (rank == 0)
-        printf("test_cuda_paths (%s runtime, %d ranks, local_size=%s, paths: staged%s): %d "
+        printf("test_cuda_paths (%s runtime, %d ranks, local_size=%s, paths: %s%s%s): %d "
                "checks per rank, %d failed\n",
 #ifdef FAKE_CUDA
                "fake",
 #else
                "real",
 #endif
-               nranks, ls ? ls : "node", all_aware ? ", gpu-direct" : "", g_checks, total_fail);
+               nranks, ls ? ls : "node", one_node ? "ipc" : "ipc->staged (not one node)",
+               ipc_only ? "" : ", staged", !ipc_only && all_aware ? ", gpu-direct" : "",
+               g_checks, total_fail);
     MPI_Finalize();
     return total_fail != 0;
 }
