@@ -1,10 +1,11 @@
 """info.py - `hpcdl info`: versions, the MPI library (the one mpi4py loaded and
 the one the C core was built against: MISMATCH when they differ), CUDA support
-and the Slurm allocation, so a user (or a bug report) sees the whole stack at
-once."""
+and the path device tensors take, and the Slurm allocation, so a user (or a bug
+report) sees the whole stack at once."""
 import json
 import os
 import platform
+import re
 
 from .._version import __version__
 from ..utils import mpi_info
@@ -16,6 +17,33 @@ def _version(module):
         return getattr(mod, "__version__", "installed")
     except Exception as e:  # report, never crash: info is for broken setups too
         return "not available (%s)" % type(e).__name__
+
+
+def _c_atoi(text):
+    """C's atoi: the leading integer, 0 when there is none (as the core reads it)."""
+    m = re.match(r"\s*([+-]?\d+)", text)
+    return int(m.group(1)) if m else 0
+
+
+def device_path(core_cuda, mpi_cuda_aware, env=os.environ):
+    """The path CUDA tensors' all-reduce takes, and why: (inside a node, across
+    nodes), one line each. Mirrors src_c/cuda/ (cuda_ipc.c's HPCDL_CUDA_IPC,
+    cuda_support.c's CUDA-awareness); the ranks' layout is the job's, so both
+    are said."""
+    if not core_cuda:
+        return ("none: the C core was built without CUDA (device tensors are refused)",) * 2
+    aware_env = env.get("HPCDL_MPI_CUDA_AWARE", "")
+    why = ("HPCDL_MPI_CUDA_AWARE=%s" % aware_env if aware_env else
+           "MPIX_Query_cuda_support() says %s" % ("yes" if mpi_cuda_aware else "no or cannot say"))
+    across = ("GPU-direct: device pointers to MPI (%s)" if mpi_cuda_aware else
+              "staged through pinned host memory (%s)") % why
+    ipc_env = env.get("HPCDL_CUDA_IPC", "")
+    if ipc_env and _c_atoi(ipc_env) == 0:
+        return "as across nodes (HPCDL_CUDA_IPC=%s)" % ipc_env, across
+    inside = ("CUDA IPC, each rank reading its peers' device memory, no host copy "
+              "(HPCDL_CUDA_IPC%s; checked on the fake runtime only, not yet run on a GPU)"
+              % ("=" + ipc_env if ipc_env else " unset"))
+    return inside, across
 
 
 def collect():
@@ -49,6 +77,8 @@ def collect():
         info["core_built"] = True
         info["core_cuda"] = bool(_core.built_with_cuda())
         info["mpi_cuda_aware"] = bool(_core.mpi_cuda_aware())
+        info["device_path_node"], info["device_path_across"] = device_path(
+            info["core_cuda"], info["mpi_cuda_aware"])
     except Exception as e:  # ImportError, or mpi4py's "size changed" ValueError
         info["core_built"] = "no (%s)" % e
     info["slurm_job"] = os.environ.get("SLURM_JOB_ID")
@@ -74,6 +104,8 @@ def run(args):
             ("C core built", yes(info["core_built"])),
             ("core built with CUDA", yes(info.get("core_cuda", False))),
             ("MPI CUDA-aware", yes(info.get("mpi_cuda_aware", False))),
+            ("device tensors, in a node", info.get("device_path_node", "-")),
+            ("device tensors, across", info.get("device_path_across", "-")),
             ("cores", str(info["cores"])),
             ("Slurm allocation", "job %s, %s nodes, %s tasks" % (
                 info["slurm_job"], info.get("slurm_nodes"), info.get("slurm_ntasks"))
