@@ -31,7 +31,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "common.h"
 #include "shm.h"
 
@@ -156,10 +155,12 @@ static int read_sig(const hpcdl_shared_buf *b, int j, uint32_t gen, int64_t out[
 // ---------------------------------------------------------------------------
 // work stealing on one node
 
-// Waits politely (sleeps while this rank computes, spins while its caller
-// waits) until cond(b, gen) holds, or with want_done > 0 until generation
-// gen's done word reaches want_done pieces (or says error). Fails after the
-// shared-memory timeout, or (sig given) at once when a local peer entered
+// Waits politely (sleeps while this rank computes; spins, yields, then
+// sleeps while its caller waits: hpcdl_backoff_pause) until cond(b, gen)
+// holds, or with want_done > 0 until generation gen's done word reaches
+// want_done pieces (or says error). Fails after the shared-memory timeout
+// (past the stall inspector's shutdown time while it runs: it ends the job
+// first, naming the rank), or (sig given) at once when a local peer entered
 // an agreement check meanwhile: it runs a different collective, so this rank
 // joins that check as the all-reduce it is, and the check fails everywhere.
 typedef int (*wait_cond)(const hpcdl_shared_buf *b, int L, uint32_t gen);
@@ -170,18 +171,11 @@ static int all_ready(const hpcdl_shared_buf *b, int L, uint32_t gen) {
     return 1;
 }
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int wait_until(hpcdl_team *t, const hpcdl_shared_buf *b, uint32_t gen, wait_cond cond,
                       uint64_t want_done, const int64_t *sig) {
     int L = t->local_size;
-    long sleep_ns = 1000;
-    double t0 = 0;
-    for (unsigned long spins = 0;; spins++) {
+    hpcdl_backoff pause = {0, 0};
+    for (;;) {
         if (want_done) { // this generation's done word reached the piece count (or error)
             uint64_t d = __atomic_load_n(field(b, 0, OFF_DONE), __ATOMIC_ACQUIRE);
             uint32_t dg = (uint32_t)(d >> 32), dc = (uint32_t)d;
@@ -191,8 +185,7 @@ static int wait_until(hpcdl_team *t, const hpcdl_shared_buf *b, uint32_t gen, wa
         } else if (cond(b, L, gen)) {
             return HPCDL_OK;
         }
-        if (spins < 200) continue;
-        if (sig && hpcdl_shm_peer_ahead(t)) {
+        if (pause.n >= 200 && sig && hpcdl_shm_peer_ahead(t)) {
             // a peer that finished this generation and went on published its
             // flag before entering the next collective: look again first
             if (cond(b, L, gen)) return HPCDL_OK;
@@ -204,23 +197,19 @@ static int wait_until(hpcdl_team *t, const hpcdl_shared_buf *b, uint32_t gen, wa
                               "must call the same collectives in the same order.",
                               (long long)b->id);
         }
-        if (!t->polite || hpcdl_team_urgent(t)) { // nobody else needs this core
-            if ((spins & 63) == 0) sched_yield();
-        } else {
-            struct timespec ts = {0, sleep_ns};
-            nanosleep(&ts, NULL);
-            if (sleep_ns < 200000) sleep_ns *= 2;
-        }
-        if ((spins & 0x3ff) == 0) {
-            if (t0 == 0) t0 = mono_s();
-            else if (mono_s() - t0 > t->shm->timeout_s)
-                return hpcdl_fail(HPCDL_ERR_STATE,
-                                  "allreduce of shared buffer %lld: waited %.0f s for the other "
-                                  "local ranks. Hint: a rank stopped submitting its gradients "
-                                  "or died; check every rank's output "
-                                  "(HPCDL_SHM_TIMEOUT_SECONDS sets this limit).",
-                                  (long long)b->id, t->shm->timeout_s);
-        }
+        // spin, then (the caller waits: nobody else needs this core) yield, then
+        // sleep; the engine while its caller computes sleeps at once
+        int polite = t->polite && !hpcdl_team_urgent(t);
+        double waited = hpcdl_backoff_pause(&pause, 200, polite);
+        double limit = t->shm->timeout_s;
+        if (limit > 0 && waited > limit)
+            return hpcdl_fail(HPCDL_ERR_STATE,
+                              "allreduce of shared buffer %lld: waited %.0f s for the other "
+                              "local ranks. Hint: a rank stopped submitting its gradients "
+                              "or died; check every rank's output "
+                              "(HPCDL_SHM_TIMEOUT_SECONDS sets this limit when the stall "
+                              "inspector is off).",
+                              (long long)b->id, limit);
     }
 }
 

@@ -121,40 +121,67 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// ----------------------------------------------------------------------------
+// waiting for a peer: spin, then yield, then sleep in proportion to the wait
+
+// The yield phase keeps small collectives as fast as a pure spin (a peer a
+// few microseconds behind, or one that needs this core to get there); past
+// it, a peer is late by milliseconds at least (still computing, or stalled:
+// issue 38 saw a waiting rank burn 90% of a core for 10 minutes), and a
+// sleep of 1/16 of the wait so far costs at most ~6% of the wait.
+#define YIELD_S 1e-3
+#define SLEEP_MAX_S 1e-3
+#define SLEEP_MIN_S 2e-6
+
+double hpcdl_backoff_pause(hpcdl_backoff *b, unsigned long spin_limit, int polite) {
+    if (++b->n < spin_limit) {
+        cpu_relax();
+        return 0;
+    }
+    double now = now_s();
+    if (b->t0 == 0) b->t0 = now;
+    double waited = now - b->t0;
+    if (!polite && waited < YIELD_S) {
+        sched_yield();
+        return waited;
+    }
+    double nap = waited / 16;
+    nap = nap < SLEEP_MIN_S ? SLEEP_MIN_S : nap > SLEEP_MAX_S ? SLEEP_MAX_S : nap;
+    struct timespec ts = {0, (long)(nap * 1e9)};
+    nanosleep(&ts, NULL);
+    return waited;
+}
+
+void hpcdl_shm_defer(hpcdl_shm *s, double shutdown_s) {
+    if (!s) return;
+    if (shutdown_s <= 0) s->timeout_s = 0;
+    else if (s->timeout_s < shutdown_s + 60) s->timeout_s = shutdown_s + 60;
+}
+
 // Every local rank raises its flag to the next epoch, then waits until all
 // flags reach it. Release/acquire order makes the slots written before the
-// barrier visible to every rank after it. Spins briefly, then yields, so
-// oversubscribed ranks (more ranks than cores) still make progress; the
-// engine's team sleeps once a wait gets long (a peer still in backward).
+// barrier visible to every rank after it. Spins briefly, then yields, then
+// sleeps (hpcdl_backoff_pause), so oversubscribed ranks (more ranks than
+// cores) still make progress and a long wait (a peer still in backward, or
+// stalled) leaves the core; the engine's team sleeps at once unless its
+// caller waits for it.
 int hpcdl_shm_barrier(hpcdl_team *t) {
     hpcdl_shm *s = t->shm;
     uint64_t epoch = ++s->epoch;
     __atomic_store_n(s->seq[t->local_rank], epoch, __ATOMIC_RELEASE);
-    double t0 = 0;
+    hpcdl_backoff b = {0, 0};
     for (int j = 0; j < t->local_size; j++) {
-        unsigned long spins = 0;
         while (__atomic_load_n(s->seq[j], __ATOMIC_ACQUIRE) < epoch) {
-            if (++spins < s->spin_limit) {
-                cpu_relax();
-                continue;
-            }
-            if (t->polite && spins > 1000 && !hpcdl_team_urgent(t)) {
-                // the engine, waiting long while this rank computes: leave the core
-                struct timespec ts = {0, 20000};
-                nanosleep(&ts, NULL);
-            } else {
-                sched_yield();
-            }
-            if ((spins & 0x3ff) == 0) {
-                if (t0 == 0) t0 = now_s();
-                else if (now_s() - t0 > s->timeout_s)
-                    return hpcdl_fail(HPCDL_ERR_STATE,
-                                      "shared-memory barrier: local rank %d waited %.0f s "
-                                      "for local rank %d. Hint: a rank stopped calling "
-                                      "collectives or died; check every rank's output "
-                                      "(HPCDL_SHM_TIMEOUT_SECONDS sets this limit).",
-                                      t->local_rank, s->timeout_s, j);
-            }
+            int polite = t->polite && !hpcdl_team_urgent(t);
+            double waited = hpcdl_backoff_pause(&b, s->spin_limit, polite);
+            if (s->timeout_s > 0 && waited > s->timeout_s)
+                return hpcdl_fail(HPCDL_ERR_STATE,
+                                  "shared-memory barrier: local rank %d waited %.0f s "
+                                  "for local rank %d. Hint: a rank stopped calling "
+                                  "collectives or died; check every rank's output "
+                                  "(HPCDL_SHM_TIMEOUT_SECONDS sets this limit when the "
+                                  "stall inspector is off).",
+                                  t->local_rank, s->timeout_s, j);
         }
     }
     return HPCDL_OK;

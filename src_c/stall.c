@@ -6,16 +6,23 @@
  * rank so sees the same picture, and when operations have waited longer than
  * HPCDL_STALL_CHECK_TIME_SECONDS (default 60) while some ranks have not
  * submitted them, rank 0 warns, naming those ranks and the operations. After
- * HPCDL_STALL_SHUTDOWN_TIME_SECONDS (default 600; 0 = never; checked at
+ * HPCDL_STALL_SHUTDOWN_TIME_SECONDS (default 300; 0 = never; checked at
  * every heartbeat, whatever the check time) every rank
  * reaches the same verdict and the job ends (MPI_Abort) instead of hanging:
  * a hung job burns its whole allocation, while a rank legitimately alone for
- * ten minutes (evaluation on rank 0 only) is rare, and the message says how
- * to allow longer. Blocking collectives count as operations too (engine.c).
- * HPCDL_STALL_CHECK_DISABLE=1 turns it off. Shutdown is collective: the
- * thread keeps exchanging until every rank has asked to stop, so a rank that
- * shuts down (or returns from its script) while others wait in collectives
- * it never submitted is seen within a heartbeat and ends the job, named.
+ * five minutes (evaluation on rank 0 only) is rare, and the message says how
+ * to allow longer. Why 300: torch.distributed times out a collective after
+ * 10 minutes (NCCL) or 30 (gloo), but that clock also runs while ranks move
+ * data slowly; this one runs only while some rank has not even submitted the
+ * operation others wait in. Horovod's default is never, which leaves a hung
+ * job to its time limit. Meanwhile the node's shared-memory waits leave the
+ * ending to this verdict (hpcdl_shm_defer), so a stalled job always ends
+ * with it: which rank, which operation. Blocking collectives count as
+ * operations too (engine.c). HPCDL_STALL_CHECK_DISABLE=1 turns it off.
+ * Shutdown is collective: the thread keeps exchanging until every rank has
+ * asked to stop, so a rank that shuts down (or returns from its script)
+ * while others wait in collectives it never submitted is seen within a
+ * heartbeat and ends the job, named.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -24,6 +31,7 @@
 #include <time.h>
 #include "common.h"
 #include "engine.h"
+#include "shm.h"
 
 struct hpcdl_stall {
     pthread_t thread;
@@ -201,7 +209,7 @@ int hpcdl_stall_start(hpcdl_ctx *ctx, MPI_Comm comm) {
     struct hpcdl_stall *s = calloc(1, sizeof *s);
     if (!s) return hpcdl_fail(HPCDL_ERR_NOMEM, "stall inspector: out of memory");
     s->check_s = env_seconds("HPCDL_STALL_CHECK_TIME_SECONDS", 60);
-    s->shutdown_s = env_seconds("HPCDL_STALL_SHUTDOWN_TIME_SECONDS", 600);
+    s->shutdown_s = env_seconds("HPCDL_STALL_SHUTDOWN_TIME_SECONDS", 300);
     double first = s->shutdown_s > 0 && s->shutdown_s < s->check_s ? s->shutdown_s : s->check_s;
     s->interval_s = first / 4 < 0.05 ? 0.05 : first / 4 > 1 ? 1 : first / 4;
     MPI_CHECK(MPI_Comm_dup(comm, &s->comm));
@@ -212,7 +220,10 @@ int hpcdl_stall_start(hpcdl_ctx *ctx, MPI_Comm comm) {
         ctx->stall = NULL;
         MPI_Comm_free(&s->comm);
         free(s);
+        return HPCDL_OK;
     }
+    hpcdl_shm_defer(ctx->main.shm, s->shutdown_s); // the verdict ends a stall, not a wait
+    hpcdl_shm_defer(ctx->eng.shm, s->shutdown_s);
     return HPCDL_OK;
 }
 

@@ -109,6 +109,7 @@ int hpcdl_team_wait(const hpcdl_team *t, MPI_Request *req) {
 int hpcdl_team_wait_status(const hpcdl_team *t, MPI_Request *req, MPI_Status *status) {
     if (!t->polite && t->spin) return MPI_Wait(req, status);
     long sleep_ns = 2000;
+    hpcdl_backoff pause = {0, 0};
     for (unsigned spins = 0;; spins++) {
         int done = 0, rc = MPI_Test(req, &done, status);
         if (rc != MPI_SUCCESS || done) return rc;
@@ -117,13 +118,12 @@ int hpcdl_team_wait_status(const hpcdl_team *t, MPI_Request *req, MPI_Status *st
         // with more ranks than cores, or another process on one of them). A
         // spinning MPI_Wait holds it for a whole time slice: 2 ranks on 2
         // cores at load 11-12, ring 16 MiB, median 121-149 ms with MPI_Wait,
-        // 23-55 ms yielding. With the core free, sched_yield returns at once.
-        if (!t->polite) {
-            sched_yield();
-            continue;
-        }
-        if (hpcdl_team_urgent(t)) { // the caller waits for us: its core is ours
-            if ((spins & 63) == 0) sched_yield(); // still let other work on it run
+        // 23-55 ms yielding. With the core free, sched_yield returns at once,
+        // so after 1 ms the wait sleeps (hpcdl_backoff_pause): a peer that
+        // is late by seconds (stalled) no longer costs a whole core.
+        // The engine whose caller waits for it (its core is ours) does the same.
+        if (!t->polite || hpcdl_team_urgent(t)) {
+            hpcdl_backoff_pause(&pause, 0, 0);
             sleep_ns = 2000;
             continue;
         }

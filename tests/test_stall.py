@@ -44,6 +44,42 @@ def test_shutdown_time_ends_the_job(buffer, mode, missing):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("mode,buffer,missing", [
+    ("blocking", "plain", "rank 1 is missing allreduce (blocking)"),
+    ("never", "shared", "rank 1 is missing grad.late")])
+def test_stall_ends_with_the_inspectors_diagnosis(mode, buffer, missing):
+    """Issue 38: the node's shared-memory waits ended a stalled job first, with
+    'shared-memory barrier: local rank 0 waited 600 s' (their timeout equalled
+    the shutdown time). While the inspector runs its verdict ends the job,
+    naming the rank and the operation, even when the shared-memory timeout is
+    shorter (here 1 s against a 3 s shutdown time)."""
+    r = run_python(2, SCRIPT, args=[mode, buffer], check=False, timeout=60,
+                   env={"HPCDL_STALL_CHECK_TIME_SECONDS": "1",
+                        "HPCDL_STALL_SHUTDOWN_TIME_SECONDS": "3",
+                        "HPCDL_SHM_TIMEOUT_SECONDS": "1"})
+    assert r.returncode != 0
+    assert "CoreError" not in r.stdout and "HPCDL_SHM_TIMEOUT_SECONDS" not in r.stdout, r.stdout
+    assert "Ending the job: stalled for longer than HPCDL_STALL_SHUTDOWN_TIME_SECONDS=3" \
+        in r.stdout and missing in r.stdout, r.stdout
+
+
+@pytest.mark.mpi
+@BUFFERS
+def test_waiting_for_a_late_rank_leaves_the_core(buffer):
+    """A rank waiting seconds for a late peer (blocking all-reduce: the
+    agreement check's shared-memory barrier; async: the engine, with the
+    caller blocked in wait()) backs off to sleeps instead of spinning: issue
+    38 saw 90% of a core burnt for 10 minutes. Before: 0.5-1.0 CPU-seconds
+    per second of waiting."""
+    r = run_python(2, SCRIPT, args=["idle", buffer], timeout=90)
+    assert "STALL DONE" in r.stdout, r.stdout
+    used = dict(re.findall(r"IDLE (\w+) ([\d.]+)", r.stdout))
+    assert set(used) == {"blocking", "async"}, r.stdout
+    for kind, frac in used.items():
+        assert float(frac) < 0.2, (kind, frac, r.stdout)
+
+
+@pytest.mark.mpi
 def test_object_collective_is_inspected_too():
     """mpi4py's pickled-object collectives (Communicator.allgather_object: a ZeRO
     state_dict(), a sharded checkpoint) count like the core's blocking ones."""
@@ -76,3 +112,22 @@ def test_shutdown_time_alone_holds():
     m = re.search(r"operations have waited (\d+) s", r.stdout)
     assert m and "HPCDL_STALL_SHUTDOWN_TIME_SECONDS=2" in r.stdout, r.stdout
     assert int(m.group(1)) < 10 and "warning: stall" not in r.stdout, r.stdout
+
+
+def test_default_shutdown_time_is_stated_and_settable():
+    """The shutdown time's default is said in every launching command's --help
+    (issue 38: it was in README's table only) and is the core's own; the flag
+    sets the variable for the ranks and refuses a negative time."""
+    import argparse
+    from hpcdl.cli import run
+    from hpcdl.cli.main import UsageError
+    src = open(os.path.join(os.path.dirname(__file__), "..", "src_c", "stall.c")).read()
+    m = re.search(r'env_seconds\("HPCDL_STALL_SHUTDOWN_TIME_SECONDS",\s*(\d+)\)', src)
+    assert m and int(m.group(1)) == run.STALL_SHUTDOWN_DEFAULT == 300
+    p = argparse.ArgumentParser()
+    run.add_launch_args(p)
+    assert "(default 300 s; 0 = never" in " ".join(p.format_help().split())
+    opts = run.launch_options(p.parse_args(["--stall-shutdown", "30"]))
+    assert "HPCDL_STALL_SHUTDOWN_TIME_SECONDS=30" in opts["export"]
+    with pytest.raises(UsageError, match="--stall-shutdown must be 0"):
+        run.launch_options(p.parse_args(["--stall-shutdown", "-1"]))

@@ -26,6 +26,8 @@ from ..utils.mpi_info import core_launcher, launcher_flavour, launcher_mismatch
 from ..utils.rankenv import torchrun_env
 from ..vcluster.agent import launch_hosts_problem, ranks_by_host
 from . import elastic_run, interrupt
+
+STALL_SHUTDOWN_DEFAULT = 300  # src_c/stall.c's default of HPCDL_STALL_SHUTDOWN_TIME_SECONDS
 from .main import UsageError, print_errors
 
 
@@ -382,6 +384,11 @@ def add_launch_args(parser, ranks_help=None):
     parser.add_argument("-x", dest="export", action="append", default=[],
                         metavar="VAR[=VALUE]", help="pass VAR (set to VALUE) to every rank, "
                                                     "as mpirun -x does (repeatable)")
+    parser.add_argument("--stall-shutdown", type=float, default=None, metavar="SECONDS",
+                        help="end the job with the stall inspector's diagnosis (which rank "
+                             "has not joined which collective) once ranks have waited this "
+                             "long for it (default %g s; 0 = never; sets "
+                             "HPCDL_STALL_SHUTDOWN_TIME_SECONDS)" % STALL_SHUTDOWN_DEFAULT)
     parser.add_argument("--tracebacks", action="store_true",
                         help="show the ranks' full tracebacks and the launcher's messages "
                              "for errors hpcdl raised (default: one line per cause, the "
@@ -395,7 +402,14 @@ def launch_options(args):
         if hosts:
             raise UsageError("give -H or --hostfile, not both")
         hosts = read_hostfile(args.hostfile)
-    return dict(hosts=hosts, mpi_args=args.mpi_args, export=args.export,
+    export = list(args.export)
+    stall = getattr(args, "stall_shutdown", None)
+    if stall is not None:
+        if not stall >= 0:
+            raise UsageError("--stall-shutdown must be 0 (never) or more seconds (got %g)"
+                             % stall)
+        export.append("HPCDL_STALL_SHUTDOWN_TIME_SECONDS=%g" % stall)
+    return dict(hosts=hosts, mpi_args=args.mpi_args, export=export,
                 tracebacks=getattr(args, "tracebacks", False))
 
 

@@ -11,6 +11,10 @@ argv[1] = "blocking": like "never", but rank 0 waits in a blocking
 argv[1] = "object": like "blocking", with a pickled-object all-gather
     (mpi4py's, under Communicator.allgather_object: what a ZeRO optimizer's
     state_dict() called on rank 0 only waits in).
+argv[1] = "idle": rank 1 sleeps 3 s before a blocking all-reduce, then 3 s
+    before an async one; rank 0 waits in each and prints the CPU time its
+    process used per second of waiting ('IDLE blocking 0.03', 'IDLE async ...'):
+    a wait that long must back off instead of spinning.
 argv[2] = "shared" (optional): the all-reduced buffer lives in node shared
     memory (Communicator.shared_buffer), as DistributedOptimizer's buckets do,
     so the work-stealing path (src_c/shared.c) is the one that waits.
@@ -39,6 +43,20 @@ if mode == "object":
     if c.rank == 1:
         time.sleep(120)
     c.allgather_object({"rank": c.rank})  # never completes either
+if mode == "idle":
+    for kind in ("blocking", "async"):
+        if c.rank == 1:
+            time.sleep(3)
+        wall, cpu = time.time(), time.process_time()
+        if kind == "blocking":
+            c.allreduce(x)
+        else:
+            c.allreduce_async(x, name="grad.idle").wait()
+        if c.rank == 0:
+            print("IDLE %s %.3f" % (kind, (time.process_time() - cpu) / (time.time() - wall)),
+                  flush=True)
+    comm.print0("STALL DONE")
+    sys.exit(0)
 if c.rank == 1:
     if mode == "never":
         time.sleep(120)
