@@ -160,7 +160,7 @@ static int ensure_scratch(gpu_state *g, size_t bytes) {
 // own synchronize calls spin unless the context was made with blocking sync,
 // which is the user's choice, not ours.
 
-static int gpu_wait(const hpcdl_team *t, cudaStream_t s, cudaEvent_t ev) {
+int hpcdl_cuda_wait(const hpcdl_team *t, cudaStream_t s, cudaEvent_t ev) {
     long sleep_ns = 2000;
     for (unsigned spins = 0;; spins++) {
         cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s);
@@ -190,17 +190,19 @@ static void settle(gpu_state *g) {
 static int divide_on_device(const hpcdl_team *t, gpu_state *g, void *buf, size_t n,
                             hpcdl_dtype dtype, int by) {
     HPCDL_TRY(hpcdl_cuda_divide(buf, n, dtype, by, g->stream));
-    return gpu_wait(t, g->stream, NULL);
+    return hpcdl_cuda_wait(t, g->stream, NULL);
 }
 
 // ----------------------------------------------------------------------------
 // staging through pinned host memory
 
-// One piece on the host, with the algorithm dispatch resolved (mpi, hier or ring).
-static int host_allreduce(hpcdl_team *t, void *buf, size_t n, hpcdl_dtype dtype,
-                          hpcdl_op op, hpcdl_algo algo) {
+// One piece on the host, with the algorithm dispatch resolved (mpi, hier or
+// ring; over comm: the ring only, for the step between nodes).
+static int host_allreduce(hpcdl_team *t, MPI_Comm comm, void *buf, size_t n,
+                          hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
+    if (comm != t->world || algo == HPCDL_ALGO_RING)
+        return hpcdl_ring_allreduce(t, comm, buf, buf, n, dtype, op);
     if (algo == HPCDL_ALGO_HIER) return hpcdl_hier_allreduce(t, buf, buf, n, dtype, op);
-    if (algo != HPCDL_ALGO_MPI) return hpcdl_ring_allreduce(t, t->world, buf, buf, n, dtype, op);
     return hpcdl_mpi_allreduce(t, buf, buf, n, dtype, op);
 }
 
@@ -218,22 +220,23 @@ static int stage_down(gpu_state *g, const char *src, size_t k, size_t piece, siz
 // Preconditions across ranks: same count, dtype, op, algo and stage size.
 // All copies share one stream, so the copy into pinned piece k % 2 for piece
 // k+2 runs only after piece k's copy back out of it.
-static int staged_allreduce(hpcdl_team *t, gpu_state *g, const void *send, void *recv,
-                            size_t count, hpcdl_dtype dtype, hpcdl_op op, hpcdl_algo algo) {
+static int staged_allreduce(hpcdl_team *t, MPI_Comm comm, gpu_state *g, const void *send,
+                            void *recv, size_t count, hpcdl_dtype dtype, hpcdl_op op,
+                            hpcdl_algo algo) {
     size_t esz = hpcdl_dtype_size(dtype), piece = hpcdl_cuda_stage_bytes() / esz;
     size_t npieces = (count + piece - 1) / piece;
     HPCDL_TRY(ensure_pinned(g, 2 * piece * esz));
     HPCDL_TRY(stage_down(g, send, 0, piece, count, esz));
     for (size_t k = 0; k < npieces; k++) {
         if (k + 1 < npieces) HPCDL_TRY(stage_down(g, send, k + 1, piece, count, esz));
-        HPCDL_TRY(gpu_wait(t, NULL, g->staged[k % 2]));
+        HPCDL_TRY(hpcdl_cuda_wait(t, NULL, g->staged[k % 2]));
         size_t lo = k * piece, n = count - lo < piece ? count - lo : piece;
         char *host = g->pinned + (k % 2) * piece * esz;
-        HPCDL_TRY(host_allreduce(t, host, n, dtype, op, algo));
+        HPCDL_TRY(host_allreduce(t, comm, host, n, dtype, op, algo));
         CUDA_CHECK(cudaMemcpyAsync((char *)recv + lo * esz, host, n * esz,
                                    cudaMemcpyDefault, g->stream));
     }
-    return gpu_wait(t, g->stream, NULL);
+    return hpcdl_cuda_wait(t, g->stream, NULL);
 }
 
 // ----------------------------------------------------------------------------
@@ -264,14 +267,13 @@ static int reduce_on_device(const hpcdl_step *s, void *dst, const void *recvd,
                             const void *own, size_t count) {
     gpu_state *g = s->user;
     HPCDL_TRY(hpcdl_cuda_reduce(dst, recvd, own, count, s->dtype, s->op, g->stream));
-    return gpu_wait(s->team, g->stream, NULL);
+    return hpcdl_cuda_wait(s->team, g->stream, NULL);
 }
 
-static int dev_reduce_scatter(hpcdl_team *t, gpu_state *g, char *buf, const size_t *off,
-                              hpcdl_dtype dtype, hpcdl_op op) {
-    int n = t->size, r = t->rank;
+static int dev_reduce_scatter(hpcdl_team *t, MPI_Comm comm, int n, int r, gpu_state *g,
+                              char *buf, const size_t *off, hpcdl_dtype dtype, hpcdl_op op) {
     size_t esz = hpcdl_dtype_size(dtype);
-    hpcdl_step a = {t, t->world, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_DEV_RS, dtype, op,
+    hpcdl_step a = {t, comm, (r + 1) % n, hpcdl_mod(r - 1, n), TAG_DEV_RS, dtype, op,
                     gpu_chunk(t, dtype), {NULL, NULL}, reduce_on_device, g};
     HPCDL_TRY(ensure_scratch(g, 2 * a.chunk));
     a.tmp[0] = g->scratch;
@@ -285,10 +287,13 @@ static int dev_reduce_scatter(hpcdl_team *t, gpu_state *g, char *buf, const size
     return HPCDL_OK;
 }
 
-// Preconditions across ranks: same count, dtype, op. In place on buf.
-static int dev_ring_allreduce(hpcdl_team *t, gpu_state *g, void *buf, size_t count,
-                              hpcdl_dtype dtype, hpcdl_op op) {
-    int n = t->size, r = t->rank;
+// Collective over comm (t->world, or t->cross for cuda_ipc.c's step across
+// nodes). Preconditions across ranks: same count, dtype, op. In place on buf.
+static int dev_ring_allreduce(hpcdl_team *t, MPI_Comm comm, gpu_state *g, void *buf,
+                              size_t count, hpcdl_dtype dtype, hpcdl_op op) {
+    int n = 1, r = 0;
+    MPI_CHECK(MPI_Comm_size(comm, &n));
+    MPI_CHECK(MPI_Comm_rank(comm, &r));
     if (n == 1) return HPCDL_OK; // nothing to reduce; the average divides by 1
     size_t esz = hpcdl_dtype_size(dtype);
     size_t *off = malloc(sizeof(size_t) * (2 * (size_t)n + 1)); // then counts[n]
@@ -297,10 +302,10 @@ static int dev_ring_allreduce(hpcdl_team *t, gpu_state *g, void *buf, size_t cou
     for (int i = 0; i <= n; i++) off[i] = hpcdl_block_start(count, n, i);
     for (int i = 0; i < n; i++) counts[i] = off[i + 1] - off[i];
     char *mine = (char *)buf + off[r] * esz;
-    int rc = dev_reduce_scatter(t, g, buf, off, dtype, op);
+    int rc = dev_reduce_scatter(t, comm, n, r, g, buf, off, dtype, op);
     if (rc == HPCDL_OK && op == HPCDL_AVERAGE) // 1/N of the work, before the gather
         rc = divide_on_device(t, g, mine, counts[r], dtype, n);
-    if (rc == HPCDL_OK) rc = hpcdl_ring_allgatherv(t, t->world, mine, buf, counts, dtype);
+    if (rc == HPCDL_OK) rc = hpcdl_ring_allgatherv(t, comm, mine, buf, counts, dtype);
     free(off);
     return rc;
 }
@@ -321,18 +326,37 @@ static int direct_allreduce(hpcdl_team *t, gpu_state *g, const void *send, void 
     if (send != recv) {
         CUDA_CHECK(cudaMemcpyAsync(recv, send, count * hpcdl_dtype_size(dtype),
                                    cudaMemcpyDefault, g->stream));
-        HPCDL_TRY(gpu_wait(t, g->stream, NULL));
+        HPCDL_TRY(hpcdl_cuda_wait(t, g->stream, NULL));
     }
-    return dev_ring_allreduce(t, g, recv, count, dtype, op);
+    return dev_ring_allreduce(t, t->world, g, recv, count, dtype, op);
 }
 
 // ----------------------------------------------------------------------------
-// entry point
+// entry points
+
+// Collective over comm (cuda_ipc.c's step between nodes: t->cross): buf,
+// count elements of memory of GPU dev, the thread's current device,
+// all-reduced in place, on this thread's stream for dev, after what is
+// queued there already; finished on return. GPU-direct ring when MPI is
+// CUDA-aware, else staged through pinned memory a piece at a time with the
+// host ring. Preconditions across ranks: same count, dtype, op, path.
+int hpcdl_cuda_allreduce_across(hpcdl_team *t, MPI_Comm comm, int dev, void *buf,
+                                size_t count, hpcdl_dtype dtype, hpcdl_op op) {
+    gpu_state *g = NULL;
+    HPCDL_TRY(get_state(dev, &g));
+    if (count == 0) return HPCDL_OK;
+    if (hpcdl_mpi_cuda_aware()) {
+        HPCDL_TRY(hpcdl_cuda_wait(t, g->stream, NULL)); // MPI reads buf itself
+        return dev_ring_allreduce(t, comm, g, buf, count, dtype, op);
+    }
+    return staged_allreduce(t, comm, g, buf, buf, count, dtype, op, HPCDL_ALGO_RING);
+}
+
 
 // Local: the IPC path applies (the same answer on every rank: the team's
 // topology and HPCDL_CUDA_IPC, which the agreement check compares).
 int hpcdl_cuda_uses_ipc(const hpcdl_team *t) {
-    return hpcdl_cuda_ipc_enabled() && t->size > 1 && t->cross_size == 1;
+    return hpcdl_cuda_ipc_enabled() && t->local_size > 1 && t->uniform;
 }
 
 // Collective over t, called by hpcdl_dispatch_allreduce after the agreement
@@ -360,15 +384,16 @@ int hpcdl_cuda_allreduce(hpcdl_ctx *ctx, hpcdl_team *t, const hpcdl_where *where
     HPCDL_TRY(get_state(dev, &g));
     int rc;
     if (hpcdl_cuda_uses_ipc(t)) { // one node: the peers' memory directly (cuda_ipc.c)
-        rc = hpcdl_ipc_allreduce(t, t->local, dev, g->stream, (cudaEvent_t)where->ready, send,
+        rc = hpcdl_ipc_allreduce(t, dev, g->stream, (cudaEvent_t)where->ready, send,
                                  recv, count, dtype, op);
-        if (rc == HPCDL_OK) rc = gpu_wait(t, g->stream, NULL);
+        if (rc == HPCDL_OK) rc = hpcdl_cuda_wait(t, g->stream, NULL);
     } else {
         // MPI and this thread's stream read send directly: first the producer's
         // work queued before the call (its stream, recorded at the call)
-        if (where->ready) HPCDL_TRY(gpu_wait(t, NULL, (cudaEvent_t)where->ready));
+        if (where->ready) HPCDL_TRY(hpcdl_cuda_wait(t, NULL, (cudaEvent_t)where->ready));
         rc = hpcdl_mpi_cuda_aware() ? direct_allreduce(t, g, send, recv, count, dtype, op, algo)
-                                    : staged_allreduce(t, g, send, recv, count, dtype, op, algo);
+                                    : staged_allreduce(t, t->world, g, send, recv, count, dtype,
+                                                       op, algo);
     }
     if (rc != HPCDL_OK) settle(g);
     return rc;

@@ -57,17 +57,26 @@ int hpcdl_cuda_divide(void *buf, size_t count, hpcdl_dtype dtype, int n,
 #if defined(HPCDL_COMMON_H) && !defined(__cplusplus)
 // Local: HPCDL_CUDA_IPC is not 0.
 int hpcdl_cuda_ipc_enabled(void);
-// Local: device all-reduces on team t take the IPC path (enabled, more than
-// one rank, all on one node); the same answer on every rank.
+// Local: device all-reduces on team t take the IPC path (enabled, nodes of
+// equal size, more than one rank each); the same answer on every rank.
 int hpcdl_cuda_uses_ipc(const hpcdl_team *t);
-// Collective over comm, all of whose ranks are on this node: the all-reduce
-// of device memory through IPC, queued on s after ready (NULL: none); recv
-// is final once s is idle. Preconditions across ranks: same count, dtype, op
-// and HPCDL_CUDA_STAGE_BYTES. send, recv: memory of GPU dev, the thread's
-// current device.
-int hpcdl_ipc_allreduce(hpcdl_team *t, MPI_Comm comm, int dev, cudaStream_t s,
-                        cudaEvent_t ready, const void *send, void *recv, size_t count,
-                        hpcdl_dtype dtype, hpcdl_op op);
+// Collective over t: the all-reduce of device memory through IPC inside each
+// node (and, with more than one node, the ring between nodes on each rank's
+// block), queued on s, this thread's stream for dev (hpcdl_cuda_stream),
+// after ready (NULL: none); recv is final once s is idle. Preconditions
+// across ranks: same count, dtype, op, path and HPCDL_CUDA_STAGE_BYTES.
+// send, recv: memory of GPU dev, the thread's current device.
+int hpcdl_ipc_allreduce(hpcdl_team *t, int dev, cudaStream_t s, cudaEvent_t ready,
+                        const void *send, void *recv, size_t count, hpcdl_dtype dtype,
+                        hpcdl_op op);
+
+// cuda_allreduce.c, for cuda_ipc.c. Until ev has happened (NULL: until s is
+// idle), polling politely.
+int hpcdl_cuda_wait(const hpcdl_team *t, cudaStream_t s, cudaEvent_t ev);
+// Collective over comm: buf all-reduced in place across comm on this
+// thread's stream for dev, finished on return (GPU-direct ring or staged).
+int hpcdl_cuda_allreduce_across(hpcdl_team *t, MPI_Comm comm, int dev, void *buf,
+                                size_t count, hpcdl_dtype dtype, hpcdl_op op);
 #endif
 
 #ifdef __cplusplus

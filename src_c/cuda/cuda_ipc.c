@@ -1,8 +1,13 @@
 /*
  * cuda_ipc.c - the CUDA IPC transport: all-reduce of device buffers between
  * the ranks of one node, each rank reading its peers' device memory directly,
- * never through the host. Reached from hpcdl_cuda_allreduce when every rank
- * of the team is on one node (HPCDL_CUDA_IPC=0 turns it off).
+ * never through the host. Reached from hpcdl_cuda_allreduce when the team's
+ * nodes are of equal size, more than one rank each (HPCDL_CUDA_IPC=0 turns
+ * it off). With more than one node it is hierarchical: IPC reduce-scatter
+ * inside the node, then each rank's block all-reduced between the nodes
+ * over t->cross (the ranks of the same local rank: GPU-direct ring when MPI
+ * is CUDA-aware, else staged through pinned memory with the host ring), then
+ * the IPC all-gather inside the node again.
  *
  * Set up once per communicator (and again when a rank moves to another GPU
  * or needs a bigger workspace): each rank allocates a workspace of two
@@ -19,6 +24,7 @@
  *   wait peers' IN
  *   block r: ws[h][r] op= peer ws[h][r]      (kernel on the peer's memory, or
  *            for each peer, in rank order     a copy into scratch first where
+ *   [more nodes: block r across them]         the GPUs have no peer access)
  *   (average: divide block r); record RED --> sync B: every RED is recorded
  *   wait peers' RED
  *   recv[b] <- ws_b[h][b] for every b (device-to-device copies)
@@ -28,7 +34,8 @@
  * back; the call returns once its stream is idle. Each rank sends nothing
  * and reads (N-1)/N of the piece from its peers in the reduce-scatter and
  * (N-1)/N in the all-gather, plus a piece-sized copy in: 2(N-1)/N + 1 of
- * the buffer per rank, all device to device.
+ * the buffer per rank, all device to device. Between nodes each rank moves
+ * its block, 1/N of the buffer, through the ring: 2(M-1)/M of it for M nodes.
  *
  * Why two halves: rank r's copy into ws[h] for piece m must not overwrite
  * what a peer q still reads of piece m-2. It does not: on r's stream that
@@ -273,7 +280,10 @@ static int ipc_piece(hpcdl_team *t, MPI_Comm comm, ipc_link *l, cudaStream_t s,
         }
         HPCDL_TRY(hpcdl_cuda_reduce(own, own, theirs, mine / esz, dtype, op, s));
     }
-    if (op == HPCDL_AVERAGE) HPCDL_TRY(hpcdl_cuda_divide(own, mine / esz, dtype, n, s));
+    if (t->cross_size > 1) // block me across the nodes (every node has the same blocks)
+        HPCDL_TRY(hpcdl_cuda_allreduce_across(t, t->cross, l->dev, own, mine / esz, dtype,
+                                              op == HPCDL_AVERAGE ? HPCDL_SUM : op));
+    if (op == HPCDL_AVERAGE) HPCDL_TRY(hpcdl_cuda_divide(own, mine / esz, dtype, t->size, s));
     CUDA_CHECK(cudaEventRecord(l->ev[EV_RED], s));
     MPI_CHECK(MPI_Ibarrier(comm, &req)); // sync B
     MPI_CHECK(hpcdl_team_wait(t, &req));
@@ -293,14 +303,15 @@ static int ipc_piece(hpcdl_team *t, MPI_Comm comm, ipc_link *l, cudaStream_t s,
 // ----------------------------------------------------------------------------
 // entry point
 
-// Collective over comm, whose ranks are all on this node (same count, dtype,
-// op and HPCDL_CUDA_STAGE_BYTES: the agreement check compared them). send and
-// recv are memory of GPU dev, the calling thread's current device; s is this
-// thread's stream on it, and ready (or NULL) the producer's event. Returns
-// with the work queued on s: recv is final once s is idle.
-int hpcdl_ipc_allreduce(hpcdl_team *t, MPI_Comm comm, int dev, cudaStream_t s,
-                        cudaEvent_t ready, const void *send, void *recv, size_t count,
-                        hpcdl_dtype dtype, hpcdl_op op) {
+// Collective over t, whose nodes are of equal size (same count, dtype, op,
+// path and HPCDL_CUDA_STAGE_BYTES: the agreement check compared them). send
+// and recv are memory of GPU dev, the calling thread's current device; s is
+// this thread's stream on it, and ready (or NULL) the producer's event.
+// Returns with the work queued on s: recv is final once s is idle.
+int hpcdl_ipc_allreduce(hpcdl_team *t, int dev, cudaStream_t s, cudaEvent_t ready,
+                        const void *send, void *recv, size_t count, hpcdl_dtype dtype,
+                        hpcdl_op op) {
+    MPI_Comm comm = t->local;
     size_t esz = hpcdl_dtype_size(dtype);
     size_t piece = hpcdl_cuda_stage_bytes() / esz, bytes = count * esz;
     size_t half = bytes < piece * esz ? bytes : piece * esz;

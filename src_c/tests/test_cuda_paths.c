@@ -14,7 +14,8 @@
  *      MPI_Allreduce on the host copies (hpcdl's host all-reduce for float16
  *      / bfloat16, which MPI lacks). Values are rank- and position-dependent
  *      and exact in the dtype, so every path must give the same bits. (fake)
- *      The IPC path copies nothing between host and device.
+ *      The IPC path copies nothing between host and device. On several
+ *      (virtual) nodes IPC is hierarchical, staged or GPU-direct across.
  *   2. bad input, an error on every rank and no hang: device memory on one
  *      rank and host memory on the others, a GPU that cannot be confirmed, a
  *      pointer query that fails, the CUDA-awareness differing between ranks,
@@ -309,7 +310,7 @@ int main(int argc, char **argv) {
     MPI_Allreduce(&aware, &all_aware, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     const char *ls = getenv("HPCDL_LOCAL_SIZE"), *only = getenv("HPCDL_TEST_PATHS");
     int ipc_only = only && !strcmp(only, "ipc");
-    // IPC runs when every rank is on one node (otherwise staging or GPU-direct)
+    // IPC runs inside each node; on one node nothing touches the host
     MPI_Comm node;
     int on_node = 0;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
@@ -321,11 +322,11 @@ int main(int argc, char **argv) {
     setenv("HPCDL_MPI_CUDA_AWARE", "0", 1);
     setenv("HPCDL_CUDA_IPC", "1", 1);
     no_host_copies = one_node;
-    run_path(ctx, one_node ? "ipc" : "ipc (not one node: staged)");
+    run_path(ctx, one_node ? "ipc" : "ipc, staged across nodes");
     no_host_copies = 0;
 #ifdef FAKE_CUDA
-    if (one_node) ipc_skewed(ctx);
-    if (one_node) ipc_setup_fails();
+    ipc_skewed(ctx);
+    ipc_setup_fails();
 #endif
     setenv("HPCDL_CUDA_IPC", "0", 1);
     if (ipc_only) {
@@ -343,6 +344,16 @@ int main(int argc, char **argv) {
     setenv("HPCDL_MPI_CUDA_AWARE", "1", 1);
 #endif
     if (all_aware) run_path(ctx, "gpu-direct");
+    if (all_aware && !one_node) { // hierarchical: IPC, the GPU-direct ring across, IPC
+        hpcdl_ctx *fresh; // a new link: its workspace made after the memory turned visible
+        OK(hpcdl_ctx_create(MPI_COMM_WORLD, ls ? atoi(ls) : 0, &fresh));
+        setenv("HPCDL_CUDA_IPC", "1", 1);
+        no_host_copies = 1;
+        run_path(fresh, "ipc, gpu-direct across nodes");
+        no_host_copies = 0;
+        setenv("HPCDL_CUDA_IPC", "0", 1);
+        OK(hpcdl_ctx_destroy(fresh));
+    }
 #ifdef FAKE_CUDA
     fail_midway(ctx, "gpu-direct", "fake_cuda_launch", 1); // the ring's first reduction
 #endif
@@ -364,8 +375,9 @@ done:;
 #else
                "real",
 #endif
-               nranks, ls ? ls : "node", one_node ? "ipc" : "ipc->staged (not one node)",
-               ipc_only ? "" : ", staged", !ipc_only && all_aware ? ", gpu-direct" : "",
+               nranks, ls ? ls : "node", one_node ? "ipc" : "ipc + staged across nodes",
+               ipc_only ? "" : ", staged", !ipc_only && all_aware ?
+               (one_node ? ", gpu-direct" : ", gpu-direct, ipc + gpu-direct across nodes") : "",
                g_checks, total_fail);
     MPI_Finalize();
     return total_fail != 0;
