@@ -99,7 +99,8 @@ EPILOG = """\
 examples:
   hpcdl train -n 4 --epochs 30 --global-batch 128 --out runs/digits
   hpcdl train -n 4 --config configs/digits-large-lars.yaml
-  hpcdl train -n 4 --recipe goyal --global-batch 2048 --target-accuracy 0.95
+  hpcdl train -n 4 --data mnist1d:200000 --model cnn1d --recipe lamb \\
+      --global-batch 2048 --target-accuracy 0.98
   hpcdl train -n 2 --model resnet18 --data synthetic:3x32x32:10:2048 --precision bf16
 
 checkpoints: with --checkpoint-dir, checkpoint.pt is replaced atomically every
