@@ -71,7 +71,8 @@ typedef struct {
     int n, me;                  // ranks on the node, this rank among them
     size_t half;                // bytes of one half of every workspace
     char *ws;                   // this rank's workspace (2 halves)
-    char *scratch;              // one half: a peer's block lands here when not direct
+    char *scratch;              // one half, only when some peer is not direct: its block
+                                // lands here first
     cudaEvent_t ev[NEV];        // this rank's events
     char **peer_ws;             // [n]: peers' workspaces opened here (own: ws)
     cudaEvent_t *peer_ev;       // [n * NEV]: peers' events opened here
@@ -162,7 +163,6 @@ static int make_own(ipc_link *l, int dev, size_t half, ipc_card *card) {
     l->dev = dev;
     l->half = half;
     CUDA_CHECK(cudaMalloc((void **)&l->ws, 2 * half));
-    CUDA_CHECK(cudaMalloc((void **)&l->scratch, half));
     for (int i = 0; i < NEV; i++) {
         CUDA_CHECK(cudaEventCreateWithFlags(&l->ev[i],
                                             cudaEventDisableTiming | cudaEventInterprocess));
@@ -196,6 +196,7 @@ static int open_peers(ipc_link *l, const ipc_card *cards) {
         int can = cards[p].dev == l->dev;
         if (!can) CUDA_CHECK(cudaDeviceCanAccessPeer(&can, l->dev, cards[p].dev));
         l->direct[p] = can && !force_copy();
+        if (!l->direct[p] && !l->scratch) CUDA_CHECK(cudaMalloc((void **)&l->scratch, l->half));
     }
     return HPCDL_OK;
 }
