@@ -59,7 +59,7 @@ enum { EV_IN, EV_RED, NEV }; // copied in; own block reduced
 typedef struct {
     cudaIpcMemHandle_t mem;     // its workspace
     cudaIpcEventHandle_t ev[NEV];
-    int dev;                    // its GPU
+    int dev;                    // its GPU (its own ordinal: for messages only)
     int ok;                     // 0: its own set-up failed (the others fail too)
     uint64_t half;              // bytes of one half of the workspace
 } ipc_card;
@@ -193,8 +193,12 @@ static int open_peers(ipc_link *l, const ipc_card *cards) {
                                         cudaIpcMemLazyEnablePeerAccess));
         for (int i = 0; i < NEV; i++)
             CUDA_CHECK(cudaIpcOpenEventHandle(&l->peer_ev[p * NEV + i], cards[p].ev[i]));
-        int can = cards[p].dev == l->dev;
-        if (!can) CUDA_CHECK(cudaDeviceCanAccessPeer(&can, l->dev, cards[p].dev));
+        // which GPU that is here: ordinals differ between processes (e.g. with
+        // CUDA_VISIBLE_DEVICES per rank), so ask about the opened memory itself
+        struct cudaPointerAttributes at;
+        CUDA_CHECK(cudaPointerGetAttributes(&at, l->peer_ws[p]));
+        int can = at.device == l->dev;
+        if (!can) CUDA_CHECK(cudaDeviceCanAccessPeer(&can, l->dev, at.device));
         l->direct[p] = can && !force_copy();
         if (!l->direct[p] && !l->scratch) CUDA_CHECK(cudaMalloc((void **)&l->scratch, l->half));
     }
