@@ -1,7 +1,8 @@
 /*
- * cudautil.h - what the CUDA tests (test_cuda, test_cuda_paths) share: the
- * check of the test's own CUDA calls, and the start (MPI, one GPU per rank
- * of a node, the skip when a rank has none).
+ * cudautil.h - what the CUDA tests (test_cuda, test_cuda_paths, test_cuda_ipc)
+ * share: the check of the test's own CUDA calls, the start (MPI, one GPU per
+ * rank of a node, the skip when a rank has none), and the count of copies
+ * between host and device (test_host_copies).
  */
 #ifndef HPCDL_CUDAUTIL_H
 #define HPCDL_CUDAUTIL_H
@@ -47,5 +48,57 @@ static int cuda_test_start(int *argc, char ***argv) {
     setenv("HPCDL_SHM_SLOT_BYTES", "65536", 0); // hier: many pieces
     return local % n;
 }
+
+// ----------------------------------------------------------------------------
+// copies between host (pinned or pageable) and device memory this process
+// queued so far, to show a path makes none. The fake runtime counts them
+// itself. Against the real runtime the Makefile links test_cuda_paths and
+// test_cuda_ipc with -Wl,--wrap=cudaMemcpyAsync,--wrap=cudaMemcpy (and
+// -DHPCDL_COUNT_COPIES): every such call, the core's included (libhpcdl.a
+// and libcudart_static are linked statically), passes through the wrappers
+// below first. Other copy calls (2D, peer, to symbols) are not counted; the
+// core makes none.
+
+#if defined(FAKE_CUDA)
+#include "fake_cuda.h"
+static inline unsigned long test_host_copies(void) { return fake_cuda_host_copies(NULL); }
+#elif defined(HPCDL_COUNT_COPIES)
+static unsigned long counted_copies;
+
+static int test_on_gpu(const void *p) {
+    struct cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        (void)cudaGetLastError(); // old drivers: unregistered host memory is an error
+        return 0;
+    }
+    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
+static void count_copy(void *dst, const void *src) {
+    if (test_on_gpu(dst) != test_on_gpu(src))
+        __atomic_add_fetch(&counted_copies, 1, __ATOMIC_RELAXED);
+}
+
+cudaError_t __real_cudaMemcpyAsync(void *dst, const void *src, size_t n,
+                                   enum cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t __real_cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind);
+
+cudaError_t __wrap_cudaMemcpyAsync(void *dst, const void *src, size_t n,
+                                   enum cudaMemcpyKind kind, cudaStream_t s) {
+    count_copy(dst, src);
+    return __real_cudaMemcpyAsync(dst, src, n, kind, s);
+}
+
+cudaError_t __wrap_cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
+    count_copy(dst, src);
+    return __real_cudaMemcpy(dst, src, n, kind);
+}
+
+static inline unsigned long test_host_copies(void) {
+    return __atomic_load_n(&counted_copies, __ATOMIC_RELAXED);
+}
+#else
+static inline unsigned long test_host_copies(void) { return 0; } // not counted
+#endif
 
 #endif // HPCDL_CUDAUTIL_H

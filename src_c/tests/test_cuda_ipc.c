@@ -3,14 +3,16 @@
  * the ranks of one node: a rank's device memory and interprocess events
  * opened by its peers, the peers' reads ordered after the owner's stream
  * (cudaStreamWaitEvent on the opened event), a reduction kernel reading a
- * peer's memory directly, and (fake runtime) no host copy on the way. Built
- * against the fake runtime (make check-fake) and the real one (check-cuda).
+ * peer's memory directly, and no host copy on the way (counted by the fake
+ * runtime, or through the linker's --wrap on the real one: cudautil.h).
+ * Built against the fake runtime (make check-fake) and the real one
+ * (check-cuda).
  *
  * Each rank writes rank- and position-dependent values into its buffer on a
- * stream from pinned memory, behind 20 ms of other work in the fake, records an interprocess
- * event and exports both; every peer waits for that event on its own stream
- * and copies the buffer out device to device: a missing wait reads the
- * poison the buffer held before.
+ * stream from pinned memory, behind 20 ms of other work in the fake, records
+ * an interprocess event and exports both; every peer waits for that event on
+ * an idle stream and copies the buffer out device to device: a missing wait
+ * reads the poison the buffer held before.
  *
  *   mpirun -n 3 src_c/build/fake/test_cuda_ipc   (all ranks on one node)
  *   FAKE_CUDA_PEER=0: GPUs without peer access (the kernel on a peer's memory
@@ -41,13 +43,6 @@ static void slow(void *arg) { usleep(*(const int *)arg); }
 
 static float value(int r, size_t i) { return (float)((int)((i * 31 + (size_t)r * 7) % 101) - 50) / 4; }
 
-static unsigned long host_copies(void) {
-#ifdef FAKE_CUDA
-    return fake_cuda_host_copies(NULL);
-#else
-    return 0; // the real runtime has no counter: the GPU run traces it
-#endif
-}
 
 int main(int argc, char **argv) {
     int dev = cuda_test_start(&argc, &argv);
@@ -123,10 +118,10 @@ int main(int argc, char **argv) {
               "memory is type %d on GPU %d, want device memory of GPU %d", rank, p,
               (int)at.type, at.device, all[p].dev);
         // ordered after the peer's stream: the copy waits for its event
-        unsigned long before = host_copies();
+        unsigned long before = test_host_copies();
         CUDA_OK(cudaStreamWaitEvent(rd, pev, 0));
         CUDA_OK(cudaMemcpyAsync(scratch, peer, bytes, cudaMemcpyDeviceToDevice, rd));
-        CHECK(host_copies() == before, "rank %d: a device-to-device copy from peer %d was "
+        CHECK(test_host_copies() == before, "rank %d: a device-to-device copy from peer %d was "
               "counted as a host copy", rank, p);
         CUDA_OK(cudaMemcpyAsync(got, scratch, bytes, cudaMemcpyDeviceToHost, rd));
         CUDA_OK(cudaStreamSynchronize(rd));
@@ -136,8 +131,8 @@ int main(int argc, char **argv) {
         CHECK(bad == 0, "rank %d: peer %d's memory through IPC: %zu wrong, first at %zu "
               "(got %g want %g)", rank, p, bad, first, bad ? got[first] : 0,
               bad ? value(p, first) : 0);
-        CHECK(host_copies() == before + 1, "rank %d: %lu host copies counted, want 1",
-              rank, host_copies() - before);
+        CHECK(test_host_copies() == before + 1, "rank %d: %lu host copies counted, want 1",
+              rank, test_host_copies() - before);
         // a kernel reading the peer's memory: same GPU or peer access
         int can = all[p].dev == dev;
         if (!can) CUDA_OK(cudaDeviceCanAccessPeer(&can, dev, all[p].dev));

@@ -42,16 +42,6 @@ static int my_dev;
 static cudaStream_t prod; // the "user's" stream that produces every input
 static int no_host_copies; // 1: the path under test must copy nothing host <-> device
 
-// Copies between host and device this process queued so far (the fake's
-// count; the real runtime has none: the GPU run traces them).
-static unsigned long host_copies(void) {
-#ifdef FAKE_CUDA
-    return fake_cuda_host_copies(NULL);
-#else
-    return 0;
-#endif
-}
-
 // ----------------------------------------------------------------------------
 // data: exact in each dtype, so sums in any order give the same bits
 
@@ -119,7 +109,7 @@ static void one(hpcdl_ctx *ctx, const char *path, size_t count, hpcdl_dtype d, h
     CUDA_OK(cudaDeviceSynchronize());
     produce(dsend, in, bytes);
     hpcdl_mem mem = {my_dev, prod};
-    unsigned long copies = host_copies();
+    unsigned long copies = test_host_copies();
     if (async) {
         hpcdl_handle h;
         char err[512];
@@ -129,7 +119,7 @@ static void one(hpcdl_ctx *ctx, const char *path, size_t count, hpcdl_dtype d, h
     } else {
         OK(hpcdl_allreduce_mem(ctx, dsend, drecv, count, d, op, algo, &mem));
     }
-    copies = host_copies() - copies;
+    copies = test_host_copies() - copies;
     CHECK(!no_host_copies || copies == 0, "rank %d %s %s %s count=%zu: %lu copies between "
           "host and device", rank, path, hpcdl_dtype_name(d), hpcdl_op_name(op), count, copies);
     read_back(got, drecv, bytes);
