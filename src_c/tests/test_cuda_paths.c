@@ -9,7 +9,8 @@
  * Results are read back on the same stream right after the call returns, so
  * a call that returns before its own copies land is caught too.
  *   1. staging, GPU-direct and IPC inside a node, every dtype x op x
- *      algorithm, sizes {0, 1, N-1, 1031, 20483}, in place and out of
+ *      algorithm, sizes {0, 1, N-1, 1031, 20483} (IPC also 65539 to 262147
+ *      elements, 16 to 64 pieces), in place and out of
  *      place, blocking and through the engine: bit for bit against
  *      MPI_Allreduce on the host copies (hpcdl's host all-reduce for float16
  *      / bfloat16, which MPI lacks). Values are rank- and position-dependent
@@ -313,6 +314,11 @@ int main(int argc, char **argv) {
     setenv("HPCDL_CUDA_IPC", "1", 1);
     no_host_copies = one_node;
     run_path(ctx, one_node ? "ipc" : "ipc, staged across nodes");
+    // large: 16 pieces and more (HPCDL_CUDA_STAGE_BYTES=16384 here), not a
+    // multiple of the ranks
+    one(ctx, "ipc large", 262147, HPCDL_FLOAT32, HPCDL_SUM, HPCDL_ALGO_AUTO, 0, 0);
+    one(ctx, "ipc large", 131075, HPCDL_BFLOAT16, HPCDL_AVERAGE, HPCDL_ALGO_RING, 1, 1);
+    one(ctx, "ipc large", 65539, HPCDL_INT64, HPCDL_MAX, HPCDL_ALGO_MPI, 1, 0);
     no_host_copies = 0;
 #ifdef FAKE_CUDA
     ipc_skewed(ctx);
