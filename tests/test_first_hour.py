@@ -113,7 +113,7 @@ def test_bad_input_is_one_line_and_status_2(line, message, home):
     assert "Traceback" not in r.stderr and "mpirun" not in r.stderr, r.stderr
     if "--milestones" in line:  # train's usage, not the top level's
         assert r.stderr.startswith("usage: hpcdl train "), r.stderr
-    if "--bogus" in line:  # one line, no usage (issue 38)
+    elif "--bogus" in line:  # one line, no usage (issue 38)
         assert r.stderr.startswith("hpcdl train: error: "), r.stderr
     else:
         assert r.stderr.startswith("hpcdl: error: "), r.stderr
