@@ -154,6 +154,18 @@ def test_an_unknown_option_is_one_line_naming_the_closest(argv, unknown, meant):
     assert r.stderr.endswith("error: %s\n" % line), r.stderr
 
 
+@pytest.mark.parametrize("argv, meant", [(["tran"], "train"), (["bench", "allredce"], "allreduce"),
+                                         (["sim", "scalng"], "scaling"),
+                                         (["bench", "allreduce", "--device", "cdua"], "cuda")])
+def test_a_misspelled_command_or_choice_names_the_closest(argv, meant):
+    r = hpcdl(*argv)
+    assert r.returncode == 2 and r.stderr.strip().endswith("; did you mean %s?" % meant), \
+        r.stderr
+    from hpcdl.cli.main import closest_choice
+    assert closest_choice("argument X: invalid choice: 'zzz' (choose from 'a', 'b')") == \
+        "argument X: invalid choice: 'zzz' (choose from 'a', 'b')"  # nothing close: as it was
+
+
 def test_an_unknown_option_without_a_close_one_says_where_to_look():
     from hpcdl.cli.main import build_parser, unknown_options
     train = build_parser()._subparsers._group_actions[0].choices["train"]

@@ -13,6 +13,7 @@ import argparse
 import difflib
 import importlib
 import os
+import re
 import sys
 
 from .._version import __version__
@@ -70,8 +71,27 @@ def chosen_parser(parser, args):
         parser = actions[0].choices[name]
 
 
+def closest_choice(message):
+    """argparse's message, with the closest choice added to an 'invalid
+    choice' one ('hpcdl tran': '...; did you mean train?')."""
+    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if not m:
+        return message
+    choices = [c.strip().strip("'") for c in m.group(2).split(",")]
+    close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
+    return message + ("; did you mean %s?" % close[0] if close else "")
+
+
+class Parser(argparse.ArgumentParser):
+    """hpcdl's parsers (subparsers take their parent's class): argparse's,
+    with the closest choice named when a (sub)command is misspelled."""
+
+    def error(self, message):
+        super().error(closest_choice(message))
+
+
 def build_parser():
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="hpcdl",
         description="MPI-based data-parallel deep learning for HPC clusters.",
         allow_abbrev=False,
@@ -145,7 +165,8 @@ def one_line_option_errors(parser):
     which the launcher groups) instead of argparse's usage block on every
     rank around mpiexec's banner."""
     def refuse(p, message):
-        raise UsageError("%s: %s (`%s -h` shows the options)" % (p.prog, message, p.prog))
+        raise UsageError("%s: %s (`%s -h` shows the options)" % (p.prog, closest_choice(message),
+                                                               p.prog))
     for p in parsers(parser):
         p.error = lambda message, p=p: refuse(p, message)
 
