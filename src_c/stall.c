@@ -242,3 +242,10 @@ void hpcdl_stall_stop(hpcdl_ctx *ctx) {
     free(s);
     ctx->stall = NULL;
 }
+
+// Local call: the heartbeat's communicator, for fault.c to revoke when a
+// peer is lost (the exchange then fails and the thread ends); MPI_COMM_NULL
+// when the inspector is off.
+MPI_Comm hpcdl_stall_comm(const hpcdl_ctx *ctx) {
+    return ctx->stall ? ctx->stall->comm : MPI_COMM_NULL;
+}

@@ -77,6 +77,7 @@ def collect():
         info["core_built"] = True
         info["core_cuda"] = bool(_core.built_with_cuda())
         info["mpi_cuda_aware"] = bool(_core.mpi_cuda_aware())
+        info["ulfm"] = bool(getattr(_core, "built_with_ulfm", bool)())
         info["device_path_node"], info["device_path_across"] = device_path(
             info["core_cuda"], info["mpi_cuda_aware"])
     except Exception as e:  # ImportError, or mpi4py's "size changed" ValueError
@@ -104,6 +105,9 @@ def run(args):
             ("C core built", yes(info["core_built"])),
             ("core built with CUDA", yes(info.get("core_cuda", False))),
             ("MPI CUDA-aware", yes(info.get("mpi_cuda_aware", False))),
+            ("fault tolerance", "ULFM (a lost rank: RanksLostError, shrink; hpcdl run "
+             "--fault-tolerant)" if info.get("ulfm") else "no ULFM in this MPI: a lost "
+             "rank ends the job (restart path: hpcdl run --min-np)"),
             ("device tensors, in a node", info.get("device_path_node", "-")),
             ("device tensors, across", info.get("device_path_across", "-")),
             ("cores", str(info["cores"])),

@@ -19,7 +19,8 @@ import sys
 import textwrap
 import threading
 
-from ..utils import causes, rankenv
+from ..comm import fault
+from ..utils import causes, rankenv, settings
 from ..utils.launch import (MPI_ENV_VARS, allocation_tasks,  # noqa: F401 (re-exported)
                             inside_parallel_job, inside_slurm_allocation)
 from ..utils.mpi_info import core_launcher, launcher_flavour, launcher_mismatch
@@ -27,7 +28,7 @@ from ..utils.rankenv import torchrun_env
 from ..vcluster.agent import launch_hosts_problem, ranks_by_host
 from . import elastic_run, interrupt
 
-STALL_SHUTDOWN_DEFAULT = 300  # src_c/stall.c's default of HPCDL_STALL_SHUTDOWN_TIME_SECONDS
+STALL_SHUTDOWN_DEFAULT = settings.get("HPCDL_STALL_SHUTDOWN_TIME_SECONDS", {})  # stall.c's
 from .main import UsageError, print_errors
 
 
@@ -44,7 +45,7 @@ def srun_command(n, cmd):
     or its MPI plugin ($HPCDL_SRUN_MPI, default pmix: what Open MPI 4 needs) is
     missing; mpirun, which reads the allocation itself, then starts them."""
     exe = shutil.which("srun")
-    plugin = os.environ.get("HPCDL_SRUN_MPI", "pmix")
+    plugin = settings.get("HPCDL_SRUN_MPI")
     if not exe:
         return None
     try:
@@ -64,7 +65,7 @@ def find_launcher():
     """(path, flavour) of the MPI launcher: $HPCDL_MPIRUN; else the mpiexec of
     the MPI the core was built against (beside its wrapper: mpiexec.mpich for
     mpicc.mpich); else mpirun or mpiexec on PATH, if of the core's MPI."""
-    chosen = os.environ.get("HPCDL_MPIRUN")
+    chosen = settings.get("HPCDL_MPIRUN")
     own = None if chosen else core_launcher()
     if own:
         return own
@@ -226,6 +227,9 @@ def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None, traceback
         raise UsageError("no command given; usage: hpcdl run -n N -- CMD ...")
     cmd, note = resolve_command(cmd, check_path=not hosts)
     env = exported_env(export)
+    bad = settings.check_environment(env)  # the ranks would refuse it, each with a traceback
+    if bad:
+        raise UsageError("\n".join(bad))
     if inside_parallel_job():
         print("hpcdl run: already inside an MPI/Slurm job; running %s directly"
               % shlex.join(cmd), file=sys.stderr, flush=True)
@@ -251,9 +255,10 @@ def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None, traceback
     print("hpcdl run: " + shlex.join(line) + note, file=sys.stderr, flush=True)
     sieve = None if tracebacks else causes.Sieve()
     rc = _run(line, env, term_as, sieve)
+    said = sieve.finish(failed=rc != 0) if sieve is not None else []
     if rc != 0:
-        if sieve is not None and sieve.causes:
-            print_errors(sieve.summary(), prefix="hpcdl run: ")
+        if said:
+            print_errors(said, prefix="hpcdl run: ")
         print("hpcdl run: " + failure(cmd, rc), file=sys.stderr, flush=True)
         if hosts:  # mpirun names a lost host; this names its ranks
             print("hpcdl run: " + ranks_by_host(parse_hosts(hosts), n or 1), file=sys.stderr,
@@ -439,6 +444,13 @@ def run_command(args):
         raise UsageError("--max-restarts must be 0 or more (got %d)" % args.max_restarts)
     if args.max_restarts is None:
         args.max_restarts = 3 if (args.min_np or args.max_np) else 0
+    if args.fault_tolerant:  # ULFM: the survivors of a lost rank go on (docs/fault-tolerance.md)
+        options["mpi_args"] = " ".join(fault.ULFM_FLAGS + [options["mpi_args"] or ""]).strip()
+        why = None if inside_parallel_job() else fault.launcher_ulfm(find_launcher()[0])
+        if why:
+            raise UsageError("--fault-tolerant needs an MPI with ULFM (Open MPI 5: "
+                             "scripts/ompi5-setup.sh), but %s; without it a lost rank ends "
+                             "the job (restart path: --min-np)" % why)
     if not elastic_run.wants_elastic(args):
         return launch(args.n, args.cmd, **options)
     hosts, export = options.pop("hosts"), options.pop("export")
@@ -486,6 +498,11 @@ def register(sub):
                                   "--hostfile, every task of the Slurm allocation "
                                   "inside one, else 1)")
     add_elastic_args(p)
+    p.add_argument("--fault-tolerant", action="store_true",
+                   help="start the job with MPI's fault tolerance on (Open MPI 5's ULFM: "
+                        "mpiexec --with-ft ulfm): a lost rank is a RanksLostError on every "
+                        "survivor instead of the end of the job (docs/fault-tolerance.md); "
+                        "refused on an MPI without ULFM")
     # everything from the first word that is not one of hpcdl run's options on
     # is the command, `--` or not: horovodrun's `-np 2 python train.py --epochs 1`
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD ...",

@@ -11,6 +11,9 @@
     comm.raise_if_any(error, exc)    # one rank failed -> every rank raises
     comm.wtime()                     # MPI_Wtime, the clock the C engine stamps with
     comm.print0("only rank 0 prints this")
+    try: ...                         # a lost rank under ULFM (docs/fault-tolerance.md):
+    except comm.RanksLostError:      #   every survivor raises it, then
+        comm.shrink()                #   goes on over the survivors
 
 The one door to MPI for everything above it: buffer collectives go to the C
 core, object collectives (pickled Python values, mpi4py's lowercase names)
@@ -31,17 +34,18 @@ import sys
 
 import mpi4py
 
-from ..utils import causes, horovod_env, log, mpi_info, rankenv
+from ..utils import causes, horovod_env, log, mpi_info, rankenv, settings
 from ..utils.launch import env_rank  # noqa: F401 - the launcher's rank, before MPI is up
 from ..utils.log import get_logger, print0, warn
-from .errors import CoreError, MismatchError
+from . import fault
+from .errors import CoreError, MismatchError, RanksLostError
 
 __all__ = ["init", "is_initialized", "shutdown", "world", "rank", "size", "local_rank",
            "local_size", "cross_rank", "cross_size", "thread_level", "allreduce",
            "allreduce_async", "reduce_scatter", "allgather", "broadcast", "barrier",
            "alltoall", "allgather_object", "bcast_object", "gather_object", "any_rank",
            "raise_if_any", "wtime", "as_mpi_comm", "Communicator", "Handle", "MismatchError",
-           "CoreError", "print0", "warn", "get_logger"]
+           "CoreError", "RanksLostError", "shrink", "print0", "warn", "get_logger"]
 
 _world = None
 _thread_level = None
@@ -93,6 +97,9 @@ def init(comm=None, local_size=None):
     if _world is not None and comm is None:
         return _world
     horovod_env.apply(say=warn if env_rank() == 0 else None)
+    bad = settings.check_environment()  # before the core reads any of them
+    if bad:
+        raise settings.SettingError("\n".join(bad))
     MPI = _mpi()
     Communicator = _communicator().Communicator
     if not MPI.Is_initialized():
@@ -107,10 +114,12 @@ def init(comm=None, local_size=None):
         os.environ, _world.rank, _world.size, _world.local_rank, _world.local_size)
     if disagree:
         warn(disagree)
-    if _world.size > 1 and os.environ.get("HPCDL_ABORT_ON_EXCEPTION", "1") != "0":
+    if _world.size > 1 and settings.get("HPCDL_ABORT_ON_EXCEPTION"):
         sys.excepthook = _abort_on_exception
     atexit.register(_shutdown_at_exit)
     _shutdown_before_finalize(MPI)
+    if fault.in_force() and _world.rank == 0:  # the job asked for ULFM: say if it has it
+        print0(fault.path_line(_world.size))
     if provided != MPI.THREAD_MULTIPLE and _world.rank == 0:
         warn("MPI granted thread level %r, not MPI_THREAD_MULTIPLE: async collectives take "
              "turns with the caller's thread and overlap less. Fix: let hpcdl start MPI (no "
@@ -169,6 +178,17 @@ def shutdown():
         _world.close()
         _world = None
         log.set_rank(None)
+
+
+def shrink():
+    """Collective over the surviving ranks after a RanksLostError (ULFM):
+    the world becomes Communicator.shrink() of the old one (the survivors,
+    in their old order, renumbered from 0); returns it. Its .lost lists the
+    ranks lost and .shrink_s the seconds the shrink took."""
+    global _world
+    _world = world().shrink()
+    log.set_rank(_world.rank)
+    return _world
 
 
 def world():

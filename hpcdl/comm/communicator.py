@@ -12,17 +12,22 @@ broadcast / alltoall move buffers (numpy arrays, tensors) without copies;
 allgather_object / bcast_object / gather_object move Python objects
 (pickled). any_rank and raise_if_any are the agreements every layer needs
 ("did any rank ask to stop / overflow / fail?"); wtime is MPI_Wtime.
+
+A lost rank (MPI's fault tolerance, ULFM: Open MPI 5 under `hpcdl run
+--fault-tolerant`) makes the running collective, and every later one, raise
+RanksLostError on every survivor; shrink() then gives a Communicator over the
+survivors with its core built anew in these processes (docs/fault-tolerance.md).
 """
 import contextlib
-import os
 
 import numpy as np
 from mpi4py import MPI
 
 from . import adasum as _adasum
-from . import alltoall as _a2a, buffers
+from . import alltoall as _a2a, buffers, fault
 from ._types import ALGORITHMS, DTYPES, OPS, algo_code, op_code
 from .. import _core
+from ..utils import settings
 from ..utils.agree import raise_on_every_rank
 
 from numpy import ndarray as _ndarray
@@ -32,6 +37,11 @@ SIG_FIELDS = {"allgather": 4, "allreduce": 6}
 
 MismatchError = _core.MismatchError  # hpcdl/comm/errors.py's, the core's too
 CoreError = _core.CoreError
+RanksLostError = _core.RanksLostError
+# MPI's error classes of a lost peer (ULFM); absent from MPIs without it
+_LOST_CLASSES = {c for c in (getattr(MPI, n, None) for n in (
+    "ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED"))
+    if isinstance(c, int) and c != getattr(MPI, "UNDEFINED", -32766)}
 wtime = MPI.Wtime  # seconds; the clock the C engine stamps its timeline with
 
 
@@ -74,20 +84,22 @@ class Communicator:
 
     def __init__(self, mpi_comm, local_size=None):
         if local_size is None:
-            local_size = int(os.environ.get("HPCDL_LOCAL_SIZE", "0") or 0)
+            local_size = settings.get("HPCDL_LOCAL_SIZE")
         self.mpi = mpi_comm
+        self.lost = []  # after shrink(): the ranks of the communicator before it that were lost
         self._children = []  # made by split(), not yet freed
         self._ctx = _core.Context(mpi_comm, local_size)
         (self.rank, self.size, self.local_rank, self.local_size,
          self.cross_rank, self.cross_size) = self._ctx.topology()
         # every node runs the same number of ranks (Horovod's is_homogeneous)
         self.homogeneous = len(set(mpi_comm.allgather(self.local_size))) == 1
-        self.check = os.environ.get("HPCDL_CHECK", "1") != "0"
+        self.check = settings.get("HPCDL_CHECK")
         self._ctx.set_check(self.check)
-        chunk = os.environ.get("HPCDL_CHUNK_BYTES")
+        chunk = settings.get("HPCDL_CHUNK_BYTES")
         if chunk:
-            self._ctx.set_chunk_bytes(int(chunk))
+            self._ctx.set_chunk_bytes(chunk)
         self._cuda = _core.built_with_cuda()
+        self._ulfm = _core.built_with_ulfm() and fault.in_force()  # ULFM in force
 
     # ------------------------------------------------------------------ utils
     @contextlib.contextmanager
@@ -157,7 +169,7 @@ class Communicator:
         sub = self.mpi.Create(self.mpi.Get_group().Incl(mine))
         if sub == MPI.COMM_NULL:
             return None
-        virtual = int(os.environ.get("HPCDL_LOCAL_SIZE", "0") or 0)
+        virtual = settings.get("HPCDL_LOCAL_SIZE")
         child = Communicator(sub, 0 if virtual and len(mine) % virtual else None)
         child._split_from = self  # free() gives the MPI communicator back
         self._children.append(child)  # close() frees it if the user does not
@@ -173,6 +185,70 @@ class Communicator:
             self._split_from = None
             if self in parent._children:
                 parent._children.remove(self)
+
+    # ------------------------------------------------------- a lost rank (ULFM)
+    def shrink(self):
+        """Collective over the surviving ranks, after a RanksLostError (ULFM
+        only): revoke this communicator (so every survivor leaves whatever it
+        waits in), shrink it to the survivors (MPI_Comm_shrink) and agree that
+        every survivor holds the same result (MPI_Comm_agree). Returns a new
+        Communicator over the survivors, ranked in their old order, whose core
+        (teams, shared-memory segments, engine, stall inspector) is built anew
+        in these processes; its .lost lists the ranks of this one that were
+        lost and .shrink_s the seconds it took. This communicator (and those
+        split() from it) is abandoned without communication: its MPI objects
+        are left to MPI_Finalize. Shared buffers (shared_buffer) of this one
+        stay readable but are no longer shared: make new ones."""
+        t0 = MPI.Wtime()
+        for c in [*self._children, self]:
+            if not c._ctx_closed():
+                c._ctx.revoke("shrink")
+        try:
+            self.mpi.Revoke()
+        except MPI.Exception:
+            pass  # revoked already (a peer got there first)
+        survivors = self.mpi.Shrink()
+        if not survivors.Agree(1):
+            raise RanksLostError("shrink: the survivors did not agree (another rank failed "
+                                 "during the shrink?); call shrink() again", ranks=[])
+        old_ranks = MPI.Group.Translate_ranks(survivors.Get_group(), list(range(
+            survivors.Get_size())), self.mpi.Get_group())
+        for c in [*self._children, self]:
+            c._ctx.abandon()
+        self._children = []
+        virtual = settings.get("HPCDL_LOCAL_SIZE")
+        new = Communicator(survivors, 0 if virtual and survivors.Get_size() % virtual else None)
+        new.lost = sorted(set(range(self.size)) - set(old_ranks))
+        new.shrink_s = MPI.Wtime() - t0
+        return new
+
+    def _ctx_closed(self):
+        try:
+            self._ctx.lost_ranks()
+            return False
+        except CoreError:
+            return True
+
+    def _lost_object_call(self, what, exc):
+        """RanksLostError for an mpi4py call that failed with a ULFM class:
+        the core's context is revoked too, so the engine's work fails the
+        same way."""
+        ranks, t0 = [], MPI.Wtime()
+        while not ranks and MPI.Wtime() - t0 < 2:  # the runtime's notice: milliseconds
+            try:
+                failed = self.mpi.Get_failed()
+                ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())),
+                                                  self.mpi.Get_group())
+            except (MPI.Exception, AttributeError, NotImplementedError):
+                break
+            MPI.COMM_SELF.Iprobe()  # MPI's progress delivers it
+        self._ctx.revoke("a peer was lost during %s" % what)
+        who = ("rank %d" % ranks[0] if len(ranks) == 1 else
+               "ranks %s" % ", ".join(map(str, ranks)) if ranks else "a peer rank")
+        return RanksLostError("%s lost during %s on rank %d (MPI: %s). Hint: the other ranks "
+                              "got the same error; they can go on without the lost ranks "
+                              "(Communicator.shrink(), docs/fault-tolerance.md)."
+                              % (who, what, self.rank, exc), ranks=ranks)
 
     # ------------------------------------------------------------ collectives
     # Each collective has a _prep_* that validates and returns the core's
@@ -393,6 +469,10 @@ class Communicator:
             return
         try:
             yield
+        except MPI.Exception as e:
+            if self._ulfm and e.Get_error_class() in _LOST_CLASSES:
+                raise self._lost_object_call(name, e) from None
+            raise
         finally:
             self._ctx.blocking(None)
 

@@ -81,7 +81,9 @@ typedef enum {
     HPCDL_ERR_MISMATCH = -3, // ranks disagree on count, dtype, op or algorithm
     HPCDL_ERR_NOMEM = -4,    // allocation failed
     HPCDL_ERR_CUDA = -5,     // a CUDA call failed, or CUDA was not built in
-    HPCDL_ERR_STATE = -6     // context shut down, or handle unknown
+    HPCDL_ERR_STATE = -6,    // context shut down, or handle unknown
+    HPCDL_ERR_PROC_FAILED = -7 // a peer rank failed (ULFM): the context is revoked;
+                               // rebuild on a shrunken communicator (hpcdl_ctx_abandon)
 } hpcdl_err;
 
 typedef struct hpcdl_ctx hpcdl_ctx;
@@ -96,6 +98,26 @@ typedef int64_t hpcdl_handle;
 int hpcdl_ctx_create(MPI_Comm comm, int local_size, hpcdl_ctx **out);
 // Collective. Drains the engine, frees shared memory and communicators.
 int hpcdl_ctx_destroy(hpcdl_ctx *ctx);
+
+// ----------------------------------------------------------------------------
+// fault tolerance (ULFM: Open MPI 5 run with mpiexec --with-ft ulfm;
+// docs/fault-tolerance.md). A peer that dies during an operation makes that
+// operation, and every one after it (queued asynchronous ones included),
+// return HPCDL_ERR_PROC_FAILED on every surviving rank; the context's
+// communicators are revoked. The caller then shrinks its own communicator
+// (MPIX_Comm_shrink) and creates a new context on it.
+
+// 1 if the core was compiled against an MPI with ULFM.
+int hpcdl_built_with_ulfm(void);
+// Local call: the lost ranks this rank knows of (ranks of the context's
+// communicator), at most max of them; returns how many (0 when none).
+int hpcdl_lost_ranks(const hpcdl_ctx *ctx, int *ranks, int max);
+// Local call: marks the context lost and revokes its communicators (a
+// recovery started by the caller, not by a failure seen here).
+void hpcdl_ctx_revoke(hpcdl_ctx *ctx, const char *why);
+// Local call for a lost context: stops its threads and frees its memory
+// without any communication (its MPI objects are left to MPI_Finalize).
+void hpcdl_ctx_abandon(hpcdl_ctx *ctx);
 
 int hpcdl_rank(const hpcdl_ctx *ctx);
 int hpcdl_size(const hpcdl_ctx *ctx);

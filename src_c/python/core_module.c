@@ -13,15 +13,16 @@
 #include "binding.h" // first: Python.h
 #include <mpi4py/mpi4py.h>
 
-static PyObject *CoreError, *MismatchError;
+static PyObject *CoreError, *MismatchError, *RanksLostError;
 
 // ----------------------------------------------------------------------------
 // helpers
 
 PyObject *hpcdl_py_raise(int rc, const char *msg) {
-    PyObject *type = rc == HPCDL_ERR_MISMATCH ? MismatchError
-                     : rc == HPCDL_ERR_ARG    ? PyExc_ValueError
-                                              : CoreError;
+    PyObject *type = rc == HPCDL_ERR_MISMATCH      ? MismatchError
+                     : rc == HPCDL_ERR_ARG         ? PyExc_ValueError
+                     : rc == HPCDL_ERR_PROC_FAILED ? RanksLostError
+                                                   : CoreError;
     PyErr_SetString(type, msg && *msg ? msg : "hpcdl core call failed");
     return NULL;
 }
@@ -95,6 +96,40 @@ static PyObject *Context_close(ContextObject *self, PyObject *noargs) {
     Py_END_ALLOW_THREADS
     if (rc != HPCDL_OK) return hpcdl_py_raise(rc, hpcdl_last_error());
     Py_RETURN_NONE;
+}
+
+// revoke(why): marks the context lost and revokes its communicators (a
+// recovery the caller starts); local.
+static PyObject *Context_revoke(ContextObject *self, PyObject *args) {
+    const char *why = NULL;
+    if (!PyArg_ParseTuple(args, "|z", &why)) return NULL;
+    hpcdl_ctx *c = hpcdl_py_ctx(self);
+    if (!c) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    hpcdl_ctx_revoke(c, why);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+// abandon(): the local end of a lost context (no communication); the
+// object is closed afterwards.
+static PyObject *Context_abandon(ContextObject *self, PyObject *noargs) {
+    hpcdl_ctx *ctx = self->ctx;
+    self->ctx = NULL;
+    if (!ctx) Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS
+    hpcdl_ctx_abandon(ctx);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *Context_lost_ranks(ContextObject *self, PyObject *noargs) {
+    hpcdl_ctx *c = hpcdl_py_ctx(self);
+    if (!c) return NULL;
+    int ranks[16], n = hpcdl_lost_ranks(c, ranks, 16);
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out && i < n; i++) PyList_SET_ITEM(out, i, PyLong_FromLong(ranks[i]));
+    return out;
 }
 
 static PyObject *Context_topology(ContextObject *self, PyObject *noargs) {
@@ -181,6 +216,9 @@ static PyMethodDef Context_methods[] = {
     {"set_chunk_bytes", (PyCFunction)Context_set_chunk_bytes, METH_VARARGS, "set_chunk_bytes(int)"},
     {"blocking", (PyCFunction)Context_blocking, METH_VARARGS, "blocking(name): an outside collective starts (for the stall inspector); blocking(None): it ended"},
     {"choose_algo", (PyCFunction)Context_choose_algo, METH_VARARGS, "choose_algo(bytes) -> name"},
+    {"revoke", (PyCFunction)Context_revoke, METH_VARARGS, "revoke(why=None): local; marks the context lost and revokes its communicators (ULFM)"},
+    {"abandon", (PyCFunction)Context_abandon, METH_NOARGS, "abandon(): local end of a lost context: threads stopped, memory freed, MPI objects left to MPI_Finalize"},
+    {"lost_ranks", (PyCFunction)Context_lost_ranks, METH_NOARGS, "lost_ranks() -> the ranks this rank knows were lost (empty while none)"},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject ContextType = {
@@ -205,6 +243,10 @@ static PyObject *mod_mpi_cuda_aware(PyObject *m, PyObject *noargs) {
     return PyBool_FromLong(hpcdl_mpi_cuda_aware());
 }
 
+static PyObject *mod_built_with_ulfm(PyObject *m, PyObject *noargs) {
+    return PyBool_FromLong(hpcdl_built_with_ulfm());
+}
+
 static PyObject *mod_reduce_local(PyObject *m, PyObject *args) {
     unsigned long long o, a, b, count;
     int d, op;
@@ -220,6 +262,7 @@ static PyObject *mod_reduce_local(PyObject *m, PyObject *args) {
 static PyMethodDef module_methods[] = {
     {"built_with_cuda", mod_built_with_cuda, METH_NOARGS, "True if the core was compiled with CUDA."},
     {"mpi_cuda_aware", mod_mpi_cuda_aware, METH_NOARGS, "True if the MPI library is CUDA-aware."},
+    {"built_with_ulfm", mod_built_with_ulfm, METH_NOARGS, "True if the core was compiled against an MPI with ULFM (fault tolerance)."},
     {"reduce_local", mod_reduce_local, METH_VARARGS, "reduce_local(out, a, b, count, dtype, op)"},
     {NULL, NULL, 0, NULL}};
 
@@ -236,13 +279,16 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (!errors) return NULL;
     CoreError = PyObject_GetAttrString(errors, "CoreError");
     MismatchError = PyObject_GetAttrString(errors, "MismatchError");
+    RanksLostError = PyObject_GetAttrString(errors, "RanksLostError");
     Py_DECREF(errors);
-    if (!CoreError || !MismatchError) return NULL;
+    if (!CoreError || !MismatchError || !RanksLostError) return NULL;
     Py_INCREF(&ContextType);
     PyModule_AddObject(m, "Context", (PyObject *)&ContextType);
     PyModule_AddObject(m, "CoreError", CoreError);
     Py_INCREF(MismatchError);
     PyModule_AddObject(m, "MismatchError", MismatchError);
+    Py_INCREF(RanksLostError);
+    PyModule_AddObject(m, "RanksLostError", RanksLostError);
     PyModule_AddIntConstant(m, "VERSION_MAJOR", HPCDL_VERSION_MAJOR);
     PyModule_AddIntConstant(m, "VERSION_MINOR", HPCDL_VERSION_MINOR);
     return m;

@@ -1,0 +1,152 @@
+"""ulfm_lost_rank.py - run under Open MPI 5's `mpiexec --with-ft ulfm` (4 ranks): one
+rank SIGKILLs itself inside a loop of all-reduces; the survivors must each get one
+RanksLostError naming it, shrink to the others, and all-reduce correctly again.
+
+    python ulfm_lost_rank.py VICTIM STEP MODE ALGO KILLFILE
+
+MODE: blocking | async (every size of a step queued on the engine, then waited:
+every handle after the loss must fail the same way) | shared (in-place all-reduce
+of node shared buffers: the shared-memory wait must notice the dead local peer) |
+object (the victim dies before an allgather_object, which must raise it too).
+ALGO: auto | ring | hier | mpi. The victim writes time.time() to KILLFILE just
+before it dies. Data depend on rank and position: x[i] = (i % 97 + 1) * (w + 1) +
+step, w the rank's world rank; every result is checked against MPI_Allreduce on
+the same communicator and against the sum over the ranks alive (exact in
+float32). Each survivor prints one line:
+  'SURVIVED world W: lost [3] at step S; errors E; shrink T s; kill->next allreduce K s'
+"""
+import signal
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcdl import comm
+
+victim, kill_step, mode, algo, killfile = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
+                                           sys.argv[4], sys.argv[5])
+SIZES = [1, 3, 1000, 65537, 300001]  # < ranks, odd, not a multiple of 4, 1.2 MiB
+STEPS_AFTER = 4
+
+c = comm.init()
+world_rank = MPI.COMM_WORLD.Get_rank()
+alive = list(range(c.size))  # world ranks of the ranks alive
+shared = {}  # size -> this communicator's shared buffer (mode shared)
+
+
+def data(w, n, step):
+    return ((np.arange(n) % 97 + 1) * (w + 1) + step).astype(np.float32)
+
+
+def expected(n, step):
+    return sum(data(w, n, step) for w in alive).astype(np.float32)
+
+
+def buffer_for(n, step):
+    x = data(world_rank, n, step)
+    if mode != "shared":
+        return x
+    if n not in shared:
+        mem = c.shared_buffer(n * 4)
+        shared[n] = np.frombuffer(mem, dtype=np.float32)
+    shared[n][:] = x
+    return shared[n]
+
+
+def check(out, n, step):
+    ref = np.empty(n, dtype=np.float32)
+    c.mpi.Allreduce(data(world_rank, n, step), ref)  # MPI's own answer
+    if not (np.array_equal(out, ref) and np.array_equal(out, expected(n, step))):
+        bad = int(np.argmax(out != expected(n, step)))
+        sys.exit("rank %d: wrong all-reduce of %d at step %d: element %d is %s, MPI says %s, "
+                 "the sum says %s" % (world_rank, n, step, bad, out[bad], ref[bad],
+                                      expected(n, step)[bad]))
+
+
+def one_step(step):
+    """All sizes of one step; the victim dies before the second one at kill_step."""
+    if mode == "async":
+        handles = []
+        for k, n in enumerate(SIZES):
+            if step == kill_step and k == 1 and world_rank == victim:
+                die()
+            x = buffer_for(n, step)
+            handles.append((n, c.allreduce_async(x, algorithm=algo, name="grad.bucket.%d" % k)))
+        errors, results = [], []
+        for n, h in handles:  # every handle is waited, even after the first error
+            try:
+                results.append((h.wait(), n))
+            except comm.RanksLostError as e:
+                errors.append(e)
+        if errors:
+            raise LostAll(errors)
+        for out, n in results:  # MPI's answer only once the step is whole
+            check(out, n, step)
+        return
+    for k, n in enumerate(SIZES):
+        if step == kill_step and k == 1 and world_rank == victim:
+            die()
+        if mode == "object" and k == 1:  # an mpi4py collective through hpcdl.comm
+            got = c.allgather_object((world_rank, step))
+            if got != [(w, step) for w in alive]:
+                sys.exit("rank %d: allgather_object gave %s" % (world_rank, got))
+        x = buffer_for(n, step)
+        algorithm = "auto" if mode == "shared" else algo
+        check(c.allreduce(x, algorithm=algorithm), n, step)
+
+
+class LostAll(Exception):
+    def __init__(self, errors):
+        super().__init__(str(errors[0]))
+        self.errors = errors
+
+
+def die():
+    with open(killfile + ".tmp", "w") as f:
+        f.write(repr(time.time()))
+    os.rename(killfile + ".tmp", killfile)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+step = 0
+errors = []
+while True:
+    try:
+        one_step(step)
+    except (comm.RanksLostError, LostAll) as e:
+        errors = getattr(e, "errors", [e])
+        break
+    step += 1
+    if step > kill_step + 50:
+        sys.exit("rank %d: no RanksLostError 50 steps after the kill" % world_rank)
+
+t_err = time.time()
+lost = sorted({r for e in errors for r in e.ranks})
+msgs = {str(e).split(" on rank")[0] for e in errors}
+print("rank %d: %d error(s): %s" % (world_rank, len(errors), " | ".join(sorted(msgs))[:600]),
+      flush=True)
+if lost != [victim]:
+    sys.exit("rank %d: the errors name ranks %s, not [%d]: %s" % (world_rank, lost, victim,
+                                                                 errors[0]))
+if mode == "async" and len(errors) != len(SIZES):
+    sys.exit("rank %d: %d of %d handles failed, not all" % (world_rank, len(errors), len(SIZES)))
+
+c = comm.shrink()
+alive = [w for w in alive if w != victim]
+shared = {}
+if c.size != len(alive) or c.lost != [victim]:
+    sys.exit("rank %d: shrink gave %d ranks, lost %s" % (world_rank, c.size, c.lost))
+for s in range(STEPS_AFTER):
+    n = SIZES[-1]
+    check(c.allreduce(buffer_for(n, step + 1 + s), algorithm="auto" if mode == "shared"
+                      else algo), n, step + 1 + s)
+    if s == 0:
+        t_next = time.time()
+    one_step(step + 1 + s)
+with open(killfile) as f:
+    t_kill = float(f.read())
+print("SURVIVED world %d: lost %s at step %d; errors %d; shrink %.3f s; kill->next "
+      "allreduce %.3f s" % (world_rank, c.lost, step, len(errors), c.shrink_s,
+                           t_next - t_kill), flush=True)
