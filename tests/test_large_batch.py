@@ -121,6 +121,13 @@ def test_the_json_is_strict_and_the_table_says_what_inf_means(tmp_path, capsys):
         in out, out
 
 
+def test_no_noise_scale_check_without_two_global_batches_of_data(tmp_path):
+    """digits (1437 training samples) at batch 1024: the check at the final
+    weights needs two global batches; it crashed (reshape) after the run."""
+    cfg = lb.TrainConfig(data="digits", model="mlp", global_batch=1024)
+    assert lb.noise_scale_check(cfg, str(tmp_path / "no-model-needed"), 256) is None
+
+
 def test_cli_reads_auto_in_any_position_and_checks_it_before_any_rank():
     from hpcdl.cli.bench_large_batch import _batches, check_configs
     from hpcdl.cli.main import UsageError

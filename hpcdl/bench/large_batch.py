@@ -311,7 +311,8 @@ def noise_scale_check(cfg, out, samples):
     online, by DistributedOptimizer(noise_scale=True) over global batches of
     the run's size on the job's ranks, and offline on rank 0
     (offline_noise_scale over the per-rank slices). Returns (online, offline)
-    on rank 0, None elsewhere."""
+    on rank 0, None elsewhere, and None on every rank when the training set
+    holds fewer than two global batches (digits at batch 1024)."""
     import numpy as np  # on use: loads numpy
     import torch  # on use: loads torch
     from .. import torch as hvd  # on use: loads numpy and torch and tqdm
@@ -319,6 +320,8 @@ def noise_scale_check(cfg, out, samples):
     from ..train import build, data  # on use: loads numpy and torch and tqdm
     cfg = with_recipe(cfg)
     ds = data.load(cfg.data, cfg.seed, cfg.test_fraction)
+    if 2 * cfg.global_batch > ds.n_train:  # fewer than two global batches: no estimate
+        return None
     model = build.build_model(cfg, ds)
     state = torch.load(os.path.join(out, "model.pt"), map_location="cpu",
                        weights_only=True) if comm.rank() == 0 else None
@@ -426,7 +429,7 @@ def print_table(rows, a0, target, opts, chance=None):
           "and offline from the same samples")
     print("# inf: |G|^2 came out <= 0, the gradient all noise as far as the samples tell "
           "(near a minimum): no batch size limit measured; -: not measured (diverged, auto, "
-          "other modes, one rank)")
+          "other modes, one rank, fewer than two global batches of training data)")
     print("# diverged: runs whose loss became inf or nan%s"
           % ("" if chance is None else " or that ended at chance (test accuracy <= %.4f, "
              "what predicting the most common class scores, + %g)" % (chance + CHANCE_MARGIN,
