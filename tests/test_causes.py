@@ -108,11 +108,44 @@ def test_a_usage_error_on_the_ranks_is_one_line(tmp_path, np_):
     assert len(lines) == 1 and lines[0].startswith("hpcdl run: error on %s: --data " % who), \
         r.stderr
     assert "non-zero status" not in r.stderr and len(r.stderr.splitlines()) <= 4, r.stderr
-    log = re.search(r"full tracebacks and the launcher's messages: (\S+)", r.stderr).group(1)
-    text = open(log).read()
-    os.unlink(log)
-    assert all("[rank %d] error: --data" % k in text for k in range(np_)), text
-    assert "non-zero status" in text, text
+    # the line said it all: no log of it (and of mpiexec's banner) is left behind
+    assert "full tracebacks" not in r.stderr, r.stderr
+    assert not re.search(r"/\S*hpcdl-errors-\S+\.log", r.stderr), r.stderr
+
+
+def test_the_error_log_is_kept_only_when_named():
+    """Issue 38: every failed hpcdl run left a /tmp/hpcdl-errors-*.log. The log is
+    kept, and named, only when the job failed and it holds tracebacks the
+    terminal did not show; lines said in full (a usage error, a core verdict)
+    and banners alone, or any log of a job that succeeded, are removed."""
+    banner = ["-" * 74 + "\n", "MPI_ABORT was invoked on rank 0\n", "-" * 74 + "\n"]
+    told = lambda s: [l for l in s.summary() if "full tracebacks" in l]
+
+    def sieve(lines):
+        s = causes.Sieve(io.StringIO())
+        for line in lines:
+            s.feed(line)
+        s.run(io.BytesIO(b""))
+        assert s.path and os.path.exists(s.path)  # written while the job ran
+        return s
+
+    s = sieve(["hpcdl: error: [rank 0] --data d: no such directory\n"] + banner)
+    path = s.path
+    assert s.finish(failed=True) == ["error on rank 0: --data d: no such directory"]
+    assert not os.path.exists(path) and s.path is None and not told(s)
+    tb = ["%s 1 Traceback (most recent call last):\n" % causes.TB_MARK,
+          "%s %s\n" % (causes.MARK, json.dumps({"rank": 1, "type": "DataError",
+                                                "message": "bad shard"}))]
+    s = sieve(tb + banner)
+    path = s.path
+    assert s.finish(failed=True)[-1] == ("full tracebacks and the launcher's messages: %s "
+                                         "(--tracebacks shows them here)" % path)
+    assert "[rank 1] Traceback" in open(path).read()
+    os.unlink(path)
+    s = sieve(tb)
+    path = s.path
+    s.finish(failed=False)
+    assert not os.path.exists(path) and not told(s)
 
 
 def test_a_bad_option_on_a_sieved_rank_is_one_labelled_line(monkeypatch, capsys):

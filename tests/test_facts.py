@@ -104,6 +104,7 @@ PATTERNS = [
     r'environ\.get\("{name}",\s*"([^"]*)"\)',                          # Python, a string
     r'environ\.get\("{name}",\s*str\(([^)]*)\)\)',                     # Python, str(25 << 20)
     r'\benv\.get\("{name}",\s*"([^"]*)"\)',
+    r'_s\("{name}",\s*\w+,\s*(?:str\()?"?([^",)]+)',                    # utils/settings.py's table
 ]
 NO_LITERAL = {
     "HPCDL_CHUNK_BYTES": "set only when given; the core's default_chunk() (team.c) decides",

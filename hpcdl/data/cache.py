@@ -2,10 +2,11 @@
 read chunks (a block of chunk_rows samples of one shard, as read from HDF5)
 per process, least recently used out first, bounded in bytes. Each DataLoader
 worker has its own (they are separate processes)."""
-import os
 from collections import OrderedDict
 
-DEFAULT_BYTES = int(os.environ.get("HPCDL_DATA_CACHE_BYTES", 64 << 20))
+from ..utils import settings
+
+DEFAULT_BYTES = settings.get("HPCDL_DATA_CACHE_BYTES")
 
 
 class ChunkCache:

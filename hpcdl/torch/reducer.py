@@ -61,13 +61,13 @@ STATISTICS SEAM (for the gradient noise scale and the like):
     rec.remove() unregisters the before/after/end calls (the tail stays).
 """
 import itertools
-import os
 import warnings
 
 import torch
 
 from .. import comm
 from ..trace import timeline as _timeline
+from ..utils import settings
 from . import _join
 from .compression import Compression, compress
 from . import adasum_ops
@@ -86,7 +86,7 @@ _numbers = itertools.count(1)
 
 
 def fusion_threshold():
-    return int(os.environ.get("HPCDL_FUSION_THRESHOLD", str(25 << 20)))
+    return settings.get("HPCDL_FUSION_THRESHOLD")
 
 
 def bucket_buffer(numel, dtype, device, on):
@@ -97,7 +97,7 @@ def bucket_buffer(numel, dtype, device, on):
     # on: the world's Communicator; None (a process set's) keeps plain buffers, since
     # a node-shared window lives until exit and would outlive the set's communicator
     if (on is not None and device.type == "cpu" and numel > 0
-            and os.environ.get("HPCDL_SHARED_BUCKETS", "1") != "0"):
+            and settings.get("HPCDL_SHARED_BUCKETS")):
         view = on.shared_buffer(numel * torch.empty((), dtype=dtype).element_size())
         if view is not None:
             return torch.frombuffer(view, dtype=dtype, count=numel)

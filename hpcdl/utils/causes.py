@@ -15,7 +15,11 @@ not fit, said by every rank) and, once a cause
 was seen, the launcher's own abort banners go to a log file; every
 other line passes through at once. At the end the launcher prints one line
 per distinct cause (its ranks, its message, which carries hpcdl's hint) and
-names the log file. `--tracebacks` keeps everything on the terminal.
+names the log file when it holds a traceback the terminal did not show; a
+log of nothing more than the lines said (a usage error every rank refused,
+the stall inspector's verdict) and the launcher's banners is removed, and so
+is every log of a job that succeeded (issue 38: every failed `hpcdl run` left
+a /tmp/hpcdl-errors-*.log). `--tracebacks` keeps everything on the terminal.
 """
 import json
 import os
@@ -80,6 +84,7 @@ class Sieve:
         self._log = None
         self._block = None  # lines of an open ------ banner
         self._held = []     # ending noise seen before any cause: decided at the end
+        self.tracebacks = 0  # traceback lines logged (what makes the log worth keeping)
 
     def log(self, line):
         if self._log is None:
@@ -95,6 +100,7 @@ class Sieve:
         if TB_MARK in line:
             rank, _, text = line.split(TB_MARK, 1)[1][1:].partition(" ")
             self.log("[rank %s] %s" % (rank, text))
+            self.tracebacks += 1
             return
         if MARK in line:
             self._cause(line.split(MARK, 1)[1])
@@ -172,13 +178,27 @@ class Sieve:
         if self._log is not None:
             self._log.close()
 
+    def finish(self, failed):
+        """The launcher's lines at the job's end (summary()); the log is kept
+        only when the job failed and it holds tracebacks, else removed."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self.path and not (failed and self.tracebacks):
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            self.path = None
+        return self.summary()
+
     def summary(self):
         """The launcher's lines: one per distinct cause, then the log's name."""
         out = []
         for kind, message, ranks in self.causes:
             out.append("%s (said by %s)" % (message, rank_list(ranks)) if kind is None
                        else "%s on %s: %s" % (kind, rank_list(ranks), message))
-        if self.causes and self.path:
+        if self.path:
             out.append("full tracebacks and the launcher's messages: %s (--tracebacks shows "
                        "them here)" % self.path)
         return out

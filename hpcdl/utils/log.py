@@ -7,9 +7,9 @@ is the launcher's (utils/launch.env_rank), so it works for hpcdl.data and the
 CLI without starting MPI.
 """
 import logging
-import os
 import sys
 
+from . import settings
 from .launch import env_rank
 
 _rank_from_comm = None  # set by hpcdl.comm.init(), cleared by its shutdown()
@@ -54,6 +54,6 @@ def get_logger(name="hpcdl"):
         h.setFormatter(logging.Formatter("[rank %(rank)s] %(levelname)s %(name)s: %(message)s"))
         h.addFilter(_RankFilter())
         log.addHandler(h)
-        log.setLevel(os.environ.get("HPCDL_LOG_LEVEL", "WARNING").upper())
+        log.setLevel(settings.get("HPCDL_LOG_LEVEL"))
         log.propagate = False
     return log

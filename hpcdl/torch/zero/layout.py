@@ -13,14 +13,15 @@ no element of a small bucket:
 A Piece is one parameter's part of one rank's block: flat indices
 [start, stop) of the parameter, at offset `at` within the rank's block.
 """
-import os
 from dataclasses import dataclass
+
+from ...utils import settings
 
 # full-size gradient reduce-scatters a rank keeps in flight during backward
 # (stage 2's buckets, stage 3's units): each finished one frees its full
 # buffer at once, and beyond this many the oldest is waited for in backward
 # (HPCDL_ZERO_IN_FLIGHT: more overlap on a slow link, for more memory)
-REDUCE_IN_FLIGHT = max(1, int(os.environ.get("HPCDL_ZERO_IN_FLIGHT", "2")))
+REDUCE_IN_FLIGHT = settings.get("HPCDL_ZERO_IN_FLIGHT")
 
 
 def block_counts(numel, size):
