@@ -90,3 +90,64 @@ def test_leftover_segments_of_the_job_only(tmp_path, monkeypatch):
         for n in names + [other]:
             if os.path.exists(os.path.join("/dev/shm", n)):
                 os.unlink(os.path.join("/dev/shm", n))
+
+
+def test_crowding_note_says_what_to_expect():
+    """Issue 38: `hpcdl train -n 64` on 2 cores said nothing for 200 s. From 4
+    ranks a core the launcher says how many of each and what to expect."""
+    from hpcdl.cli import run
+    assert run.crowding_note(7, 2) is None and run.crowding_note(4, 2) is None
+    note = run.crowding_note(64, 2)
+    assert note.startswith("64 ranks on 2 cores (32 a core): each rank needs about 2 "
+                           "CPU-seconds to start, so expect 64 s or more before the first "
+                           "output, then steps about 32x slower than with 2 ranks"), note
+    assert note.endswith("a stop signal (SIGTERM) still ends the job within %d s"
+                         % (interrupt.STOP_GRACE_S + interrupt.KILL_AFTER_S)), note
+
+
+# a rank that records a stop and goes on (as train's StopRequest does during a
+# long set-up), so that only the launcher's deadline can end the job
+DEAF_RANK = ("import os, signal, sys, time\n"
+             "for s in (signal.SIGUSR1, signal.SIGTERM): signal.signal(s, lambda *a: None)\n"
+             "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w').close()\n"
+             "time.sleep(300)\n")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("clean_stop", [True, False])
+def test_sigterm_ends_many_ranks_within_seconds(tmp_path, clean_stop):
+    """16 ranks (on 2 cores: 8 a core) that do not stop by themselves: SIGTERM
+    to the launcher ends the job within STOP_GRACE_S + KILL_AFTER_S, as a clean
+    stop (hpcdl train: passed on as SIGUSR1) or plainly (hpcdl run). Before,
+    the clean stop waited for the ranks' next step (280 s for 64 ranks)."""
+    n = 16
+    up = tmp_path / "up"
+    up.mkdir()
+    script = tmp_path / "deaf.py"
+    script.write_text(DEAF_RANK)
+    driver = ("import signal, sys; from hpcdl.cli import run\n"
+              "sys.exit(run.launch(%d, ['python', %r, %r], term_as=%s))"
+              % (n, str(script), str(up), "signal.SIGUSR1" if clean_stop else "None"))
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=mpi_env(), cwd=REPO,
+                            start_new_session=True)
+    try:
+        clock = hang_guard.Clock(240)  # 16 Python start-ups on a busy machine
+        while len(os.listdir(up)) < n:
+            assert not clock.expired() and proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.1)
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=interrupt.STOP_GRACE_S + interrupt.KILL_AFTER_S + 30)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0 and took < interrupt.STOP_GRACE_S + interrupt.KILL_AFTER_S + 10, \
+        (took, out)
+    if clean_stop:
+        assert "the ranks have not stopped %d s after the signal; ending the job" \
+            % interrupt.STOP_GRACE_S in out, out
+    if n >= 4 * os.cpu_count():
+        assert "hpcdl run: warning: %d ranks on %d cores" % (n, os.cpu_count()) in out, out

@@ -13,6 +13,12 @@ input to rank 0): Ctrl-C ends the job as mpirun does, and hpcdl says it was
 interrupted (status 130). After the job, Open MPI's shared-memory segments
 of this job (/dev/shm/vader_segment.*, 4 MiB a rank) that ranks killed
 before MPI_Finalize left behind are removed.
+
+A stop signal (SIGTERM: kill, a batch system's preemption or time limit)
+ends the job within seconds whatever the rank count (Deadline): the ranks
+get STOP_GRACE_S to stop cleanly, then the launcher is told to end the job,
+and KILL_AFTER_S later it and its ranks are killed (issue 38: 64 ranks on 2
+cores, still starting, took 280 s to stop after SIGTERM).
 """
 import ctypes
 import glob
@@ -85,6 +91,52 @@ class Interrupts:
             else:
                 for pid in _children(self.proc.pid) + [self.proc.pid]:
                     os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ------------------------------------------------- a stop signal's deadline
+# A clean stop (hpcdl train: the ranks stop at their next step boundary and
+# checkpoint) gets STOP_GRACE_S: below Slurm's default KillWait (30 s between
+# its SIGTERM and its SIGKILL), so the checkpoint is not cut short by Slurm
+# either. Ranks far from a step boundary (many ranks a core, still starting)
+# are then ended as the launcher ends a job on SIGTERM.
+STOP_GRACE_S = 20
+KILL_AFTER_S = 5
+
+
+class Deadline:
+    """Started by the first stop signal while the launcher runs; `done` is set
+    when the launcher has exited."""
+
+    def __init__(self, proc, who):
+        self.proc, self.who, self.done, self.started = proc, who, threading.Event(), False
+
+    def _say(self, text):
+        os.write(2, ("%s: %s\n" % (self.who, text)).encode())
+
+    def start(self, grace, end_first=True):
+        """grace: seconds the job has to end by itself; then SIGTERM to the
+        launcher (end_first) and, KILL_AFTER_S later, SIGKILL to it and its ranks."""
+        if self.started:
+            return
+        self.started = True
+        threading.Thread(target=self._run, args=(grace, end_first), daemon=True).start()
+
+    def _run(self, grace, end_first):
+        if self.done.wait(grace):
+            return
+        try:
+            if end_first:
+                self._say("the ranks have not stopped %g s after the signal; ending the job "
+                          "(SIGTERM to the launcher)" % grace)
+                self.proc.send_signal(signal.SIGTERM)
+                if self.done.wait(KILL_AFTER_S):
+                    return
+            self._say("the job has not ended %g s after the signal; killing the launcher "
+                      "and its ranks" % (grace + (KILL_AFTER_S if end_first else 0)))
+            for pid in _children(self.proc.pid) + [self.proc.pid]:
+                os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 

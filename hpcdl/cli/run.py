@@ -212,6 +212,35 @@ def failure(cmd, rc):
     return "%s exited with status %d on at least one rank" % (what, rc)
 
 
+# Ranks a core from which the launcher warns: 4 ranks on 2 cores run fine
+# (docs), while 64 on 2 said nothing for 200 s (issue 38).
+CROWDED = 4
+RANK_START_CPU_S = 2  # CPU seconds a rank needs to start (Python, torch, MPI), measured ~1.3-2
+
+
+def host_cores():
+    """The cores this process may run on (its CPU affinity), else the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def crowding_note(n, cores):
+    """One line for n ranks on a host of `cores` cores when that is CROWDED
+    or more ranks a core (what to expect, and that a stop still works), else None."""
+    if n < CROWDED * cores:
+        return None
+    per = n / cores
+    return ("%d ranks on %d cores (%.0f a core): each rank needs about %d CPU-seconds to "
+            "start, so expect %d s or more before the first output, then steps about %.0fx "
+            "slower than with %d rank%s; a stop signal (SIGTERM) still ends the job "
+            "within %d s" % (n, cores, per, RANK_START_CPU_S,
+                                     n * RANK_START_CPU_S // cores, per, cores,
+                                     "s" if cores > 1 else "",
+                                     interrupt.STOP_GRACE_S + interrupt.KILL_AFTER_S))
+
+
 def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None, tracebacks=False):
     """Starts cmd on n ranks (or directly inside a job); returns its exit code.
     n None: every task of the Slurm allocation, or every slot of hosts (as
@@ -253,6 +282,9 @@ def launch(n, cmd, hosts=None, mpi_args=None, export=(), term_as=None, traceback
         line = mpirun_command(1 if n is None else n, ranks_cmd, hosts, mpi_args=mpi_args,
                               export=list(export) + remote)
     print("hpcdl run: " + shlex.join(line) + note, file=sys.stderr, flush=True)
+    crowded = None if hosts or in_slurm else crowding_note(n or 1, host_cores())
+    if crowded:
+        print("hpcdl run: warning: " + crowded, file=sys.stderr, flush=True)
     sieve = None if tracebacks else causes.Sieve()
     rc = _run(line, env, term_as, sieve)
     said = sieve.finish(failed=rc != 0) if sieve is not None else []
@@ -346,19 +378,26 @@ def _run(line, env=None, term_as=None, sieve=None):
     leftovers = interrupt.Leftovers(proc)
     ctrl_c = interrupt.Interrupts(proc, term_as, "hpcdl")
     before_int = signal.signal(signal.SIGINT, ctrl_c)
+    deadline = interrupt.Deadline(proc, "hpcdl run")
 
     def forward(signum, frame):
         if signum == signal.SIGTERM and term_as is not None:
             print("hpcdl run: SIGTERM passed on to the ranks as %s (a clean stop: the "
-                  "launcher would end the job on SIGTERM)" % signal.Signals(term_as).name,
+                  "launcher would end the job on SIGTERM); the job ends within %d s"
+                  % (signal.Signals(term_as).name,
+                     interrupt.STOP_GRACE_S + interrupt.KILL_AFTER_S),
                   file=sys.stderr, flush=True)
+            deadline.start(interrupt.STOP_GRACE_S)
             signum = term_as
+        elif signum == signal.SIGTERM:  # the launcher ends the job; make sure it does
+            deadline.start(interrupt.STOP_GRACE_S, end_first=False)
         proc.send_signal(signum)
     sigs = [getattr(signal, n) for n in FORWARDED if hasattr(signal, n)]
     before = {s: signal.signal(s, forward) for s in sigs}
     try:
         rc = proc.wait()
     finally:
+        deadline.done.set()
         for s, h in before.items():
             signal.signal(s, h)
         signal.signal(signal.SIGINT, before_int)
