@@ -20,7 +20,9 @@
  * Per piece of at most HPCDL_CUDA_STAGE_BYTES (the halves alternate):
  *
  *   rank r, stream s                     host (all ranks)
- *   send piece -> ws[h]; record IN  ---> sync A: every IN is recorded
+ *   send piece -> ws[h]; record IN  ---> sync A: every IN is recorded (for a
+ *                                        call's first piece also: does every
+ *                                        rank's link fit? else set up again)
  *   wait peers' IN
  *   block r: ws[h][r] op= peer ws[h][r]      (kernel on the peer's memory, or
  *            for each peer, in rank order     a copy into scratch first where
@@ -259,20 +261,37 @@ static int relink(hpcdl_team *t, MPI_Comm comm, ipc_link *l, int dev, size_t hal
 // one piece: copy in, reduce-scatter from the peers, all-gather from them
 
 // Collective over comm (the host syncs). count elements of send -> recv.
+// fits: -1, or for a call's first piece whether this rank's link fits the
+// call: then sync A also asks whether every rank's does, and *redo says that
+// one did not (nothing was reduced; every rank sets up again and starts the
+// piece over). A rank without a fitting link copies nothing in.
 static int ipc_piece(hpcdl_team *t, MPI_Comm comm, ipc_link *l, cudaStream_t s,
                      const char *send, char *recv, size_t count, hpcdl_dtype dtype,
-                     hpcdl_op op) {
+                     hpcdl_op op, int fits, int *redo) {
+    size_t esz = hpcdl_dtype_size(dtype), h = (l->piece % 2) * l->half;
+    MPI_Request req;
+    *redo = 0;
+    if (fits != 0) {
+        // ws[h] is free: every peer's reads of it two pieces ago came before
+        // its RED of the last piece, which this stream waited for
+        CUDA_CHECK(cudaMemcpyAsync(l->ws + h, send, count * esz, cudaMemcpyDeviceToDevice, s));
+        CUDA_CHECK(cudaEventRecord(l->ev[EV_IN], s));
+    }
+    if (fits < 0) {
+        MPI_CHECK(MPI_Ibarrier(comm, &req)); // sync A
+        MPI_CHECK(hpcdl_team_wait(t, &req));
+    } else { // sync A, and the link check of the call in the same message
+        int all = 0;
+        HPCDL_TRY(all_ok(t, comm, fits, &all));
+        if (!all) {
+            *redo = 1;
+            return HPCDL_OK;
+        }
+    }
+    l->piece++;
     int n = l->n, me = l->me;
-    size_t esz = hpcdl_dtype_size(dtype), h = (l->piece++ % 2) * l->half;
     size_t lo = hpcdl_block_start(count, n, me) * esz;
     size_t mine = hpcdl_block_start(count, n, me + 1) * esz - lo;
-    MPI_Request req;
-    // ws[h] is free: every peer's reads of it two pieces ago came before its
-    // RED of the last piece, which this stream waited for
-    CUDA_CHECK(cudaMemcpyAsync(l->ws + h, send, count * esz, cudaMemcpyDeviceToDevice, s));
-    CUDA_CHECK(cudaEventRecord(l->ev[EV_IN], s));
-    MPI_CHECK(MPI_Ibarrier(comm, &req)); // sync A
-    MPI_CHECK(hpcdl_team_wait(t, &req));
     // reduce-scatter: block me, from every peer in rank order after me
     char *own = l->ws + h + lo;
     for (int k = 1; k < n; k++) {
@@ -323,19 +342,20 @@ int hpcdl_ipc_allreduce(hpcdl_team *t, int dev, cudaStream_t s, cudaEvent_t read
     half = (half + 255) / 256 * 256; // 256-byte aligned halves, as cudaMalloc's
     ipc_link *l = NULL;
     HPCDL_TRY(get_link(comm, &l));
-    // every rank learns whether any rank must set up again (a first call, a
-    // bigger piece, another GPU), so all of them do it together
-    int fits = l->made && l->dev == dev && l->half >= half, all = 0;
-    HPCDL_TRY(all_ok(t, comm, fits, &all));
-    if (!all) {
-        size_t grow = l->made && l->half > half ? l->half : half;
-        HPCDL_TRY(relink(t, comm, l, dev, grow, s));
-    }
+    // Every rank learns at the first piece's sync A whether any rank must set
+    // up again (a first call, a bigger piece, another GPU), so all of them do
+    // it together, and the usual call pays no extra message for the check.
+    int fits = l->made && l->dev == dev && l->half >= half, redo = 0;
     if (ready) CUDA_CHECK(cudaStreamWaitEvent(s, ready, 0)); // after the producer
     for (size_t lo = 0; lo < count; lo += piece) {
         size_t n = count - lo < piece ? count - lo : piece;
-        HPCDL_TRY(ipc_piece(t, comm, l, s, (const char *)send + lo * esz,
-                            (char *)recv + lo * esz, n, dtype, op));
+        const char *in = (const char *)send + lo * esz;
+        char *out = (char *)recv + lo * esz;
+        HPCDL_TRY(ipc_piece(t, comm, l, s, in, out, n, dtype, op, lo ? -1 : fits, &redo));
+        if (!redo) continue;
+        size_t grow = l->made && l->half > half ? l->half : half;
+        HPCDL_TRY(relink(t, comm, l, dev, grow, s));
+        HPCDL_TRY(ipc_piece(t, comm, l, s, in, out, n, dtype, op, -1, &redo));
     }
     return HPCDL_OK;
 }

@@ -267,6 +267,40 @@ static void ipc_setup_fails(void) {
     OK(hpcdl_ctx_destroy(ctx));
 }
 
+// Rank 0 moves to its other GPU for some calls and back: every rank sets the
+// IPC link up again together (its workspace must be on the GPU of the
+// call), through the engine too. Run last: it makes a context on that GPU.
+static void ipc_moves_gpu(int local_size, int one_node) {
+    int ndev = 0;
+    CUDA_OK(cudaGetDeviceCount(&ndev));
+    if (ndev < 2) return; // FAKE_CUDA_DEVICES=1: nowhere to move
+    hpcdl_ctx *ctx;
+    OK(hpcdl_ctx_create(MPI_COMM_WORLD, local_size, &ctx));
+    setenv("HPCDL_CUDA_IPC", "1", 1);
+    no_host_copies = one_node;
+    one(ctx, "ipc", 1031, HPCDL_FLOAT32, HPCDL_SUM, HPCDL_ALGO_AUTO, 0, 0);
+    int home = my_dev;
+    cudaStream_t home_prod = prod;
+    if (rank == 0) {
+        my_dev = home == 0 ? 1 : 0;
+        CUDA_OK(cudaSetDevice(my_dev));
+        CUDA_OK(cudaStreamCreateWithFlags(&prod, cudaStreamNonBlocking));
+    }
+    one(ctx, "ipc, rank 0 on its other GPU", 1031, HPCDL_FLOAT32, HPCDL_SUM,
+        HPCDL_ALGO_AUTO, 1, 0);
+    one(ctx, "ipc, rank 0 on its other GPU", 20483, HPCDL_INT32, HPCDL_MIN, HPCDL_ALGO_RING,
+        0, 1);
+    if (rank == 0) {
+        my_dev = home;
+        prod = home_prod;
+        CUDA_OK(cudaSetDevice(home));
+    }
+    one(ctx, "ipc, rank 0 back", 20483, HPCDL_FLOAT64, HPCDL_AVERAGE, HPCDL_ALGO_AUTO, 1, 1);
+    no_host_copies = 0;
+    setenv("HPCDL_CUDA_IPC", "0", 1);
+    OK(hpcdl_ctx_destroy(ctx));
+}
+
 // Run alone (FAKE_CUDA_CC=70 set by make check-fake): a GPU the build has no
 // kernels for fails on every rank before any data moves.
 static int arch_only(void) {
@@ -327,6 +361,9 @@ int main(int argc, char **argv) {
     setenv("HPCDL_CUDA_IPC", "0", 1);
     if (ipc_only) {
         OK(hpcdl_ctx_destroy(ctx));
+#ifdef FAKE_CUDA
+        ipc_moves_gpu(ls ? atoi(ls) : 0, one_node);
+#endif
         goto done;
     }
     run_path(ctx, "staged");
@@ -359,6 +396,7 @@ int main(int argc, char **argv) {
     int other = my_dev == 0 ? 1 : 0; // the caller's and the engine's threads alike
     CHECK(!fake_cuda_context_made(other), "rank %d: a CUDA context was made on GPU %d, "
           "which this rank never chose (it uses GPU %d)", rank, other, my_dev);
+    ipc_moves_gpu(ls ? atoi(ls) : 0, one_node);
 #endif
 done:;
     int total_fail = 0;
