@@ -226,6 +226,33 @@ void hpcdl_ctx_revoke(hpcdl_ctx *ctx, const char *why) {
     __atomic_store_n(&ctx->lost, 2, __ATOMIC_RELEASE);
 }
 
+// A known Open MPI 5 issue (open-mpi/ompi#11404, #9434): after a lost rank,
+// MPI_Finalize's runtime fence may wait for the dead process forever, so a
+// survivor that did all its work hangs at exit (seen here in about 1 of 27
+// runs). After a loss the process gets this long for MPI_Finalize, then ends.
+static void *exit_watchdog(void *arg) {
+    double s = *(double *)arg;
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+    fprintf(stderr, "hpcdl: MPI_Finalize did not return within %g s after a lost rank (an "
+            "Open MPI issue: its fence waits for the dead process); ending this rank with "
+            "status 0\n", s);
+    fflush(stderr);
+    _exit(0);
+    return NULL;
+}
+
+void hpcdl_exit_watchdog(double seconds) {
+    static double s;
+    s = seconds > 0 ? seconds : 10;
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &attr, exit_watchdog, &s) != 0) { /* no watchdog: MPI decides */ }
+    pthread_attr_destroy(&attr);
+}
+
 // The teams' communicators and shared-memory windows are left to
 // MPI_Finalize: freeing them is collective, and a lost peer never joins.
 // Shared buffers (shared.c) stay too: Python views may still point into them.

@@ -75,6 +75,18 @@ def test_run_fault_tolerant_flag():
         assert "--fault-tolerant needs an MPI with ULFM" in lines[0], lines[0]
 
 
+def test_exit_watchdog_ends_a_process_stuck_at_exit():
+    """After a lost rank, Open MPI 5's MPI_Finalize may wait for the dead process
+    (open-mpi/ompi#11404): hpcdl.comm's exit hook then gives it 10 s and ends the
+    process with status 0 (src_c/fault.c). Here a sleep stands in for the stuck
+    MPI_Finalize."""
+    code = "from hpcdl import _core; import time; _core.exit_watchdog(0.5); time.sleep(60)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "MPI_Finalize did not return within 0.5 s after a lost rank" in out.stderr
+
+
 # ---------------------------------------------------------------- 4 ranks, one killed
 # (victim, step of the kill, mode, algorithm, HPCDL_LOCAL_SIZE): each path a survivor
 # can be waiting in when the victim dies: the ring, MPI's own collective, the

@@ -48,6 +48,8 @@ __all__ = ["init", "is_initialized", "shutdown", "world", "rank", "size", "local
            "CoreError", "RanksLostError", "shrink", "print0", "warn", "get_logger"]
 
 _world = None
+_lost_seen = False  # shrink() ran: a rank was lost in this job
+FINALIZE_AFTER_LOSS_S = 10.0  # then MPI_Finalize gets this long (src_c/fault.c)
 _thread_level = None
 _THREAD_NAMES = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
 _LAZY = ("Communicator", "Handle", "wtime")  # communicator.py's
@@ -150,6 +152,10 @@ def _shutdown_at_exit():
         shutdown()
     except Exception as e:  # exit must go on
         warn("shutdown at exit failed: %s" % e)
+    if _lost_seen:  # Open MPI 5's MPI_Finalize may wait for the dead rank (fault.c)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _communicator()._core.exit_watchdog(FINALIZE_AFTER_LOSS_S)
 
 
 def _shutdown_before_finalize(MPI):
@@ -185,8 +191,9 @@ def shrink():
     the world becomes Communicator.shrink() of the old one (the survivors,
     in their old order, renumbered from 0); returns it. Its .lost lists the
     ranks lost and .shrink_s the seconds the shrink took."""
-    global _world
+    global _world, _lost_seen
     _world = world().shrink()
+    _lost_seen = True
     log.set_rank(_world.rank)
     return _world
 

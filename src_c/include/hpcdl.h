@@ -118,6 +118,10 @@ void hpcdl_ctx_revoke(hpcdl_ctx *ctx, const char *why);
 // Local call for a lost context: stops its threads and frees its memory
 // without any communication (its MPI objects are left to MPI_Finalize).
 void hpcdl_ctx_abandon(hpcdl_ctx *ctx);
+// Local call, at exit after a lost rank: a thread that ends the process
+// (status 0) if it is still alive `seconds` later (MPI_Finalize stuck in
+// Open MPI's fence, waiting for the dead process).
+void hpcdl_exit_watchdog(double seconds);
 
 int hpcdl_rank(const hpcdl_ctx *ctx);
 int hpcdl_size(const hpcdl_ctx *ctx);

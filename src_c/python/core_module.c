@@ -247,6 +247,13 @@ static PyObject *mod_built_with_ulfm(PyObject *m, PyObject *noargs) {
     return PyBool_FromLong(hpcdl_built_with_ulfm());
 }
 
+static PyObject *mod_exit_watchdog(PyObject *m, PyObject *args) {
+    double seconds;
+    if (!PyArg_ParseTuple(args, "d", &seconds)) return NULL;
+    hpcdl_exit_watchdog(seconds);
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_reduce_local(PyObject *m, PyObject *args) {
     unsigned long long o, a, b, count;
     int d, op;
@@ -262,6 +269,7 @@ static PyObject *mod_reduce_local(PyObject *m, PyObject *args) {
 static PyMethodDef module_methods[] = {
     {"built_with_cuda", mod_built_with_cuda, METH_NOARGS, "True if the core was compiled with CUDA."},
     {"mpi_cuda_aware", mod_mpi_cuda_aware, METH_NOARGS, "True if the MPI library is CUDA-aware."},
+    {"exit_watchdog", mod_exit_watchdog, METH_VARARGS, "exit_watchdog(seconds): after a lost rank, end the process (status 0) if MPI_Finalize has not returned by then"},
     {"built_with_ulfm", mod_built_with_ulfm, METH_NOARGS, "True if the core was compiled against an MPI with ULFM (fault tolerance)."},
     {"reduce_local", mod_reduce_local, METH_VARARGS, "reduce_local(out, a, b, count, dtype, op)"},
     {NULL, NULL, 0, NULL}};

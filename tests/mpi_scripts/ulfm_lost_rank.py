@@ -5,7 +5,8 @@ RanksLostError naming it, shrink to the others, and all-reduce correctly again.
     python ulfm_lost_rank.py VICTIM STEP MODE ALGO KILLFILE
 
 MODE: blocking | async (every size of a step queued on the engine, then waited:
-every handle after the loss must fail the same way) | shared (in-place all-reduce
+the one the victim queued before it died may complete, correct; every handle after
+the first failed one must fail the same way) | shared (in-place all-reduce
 of node shared buffers: the shared-memory wait must notice the dead local peer) |
 object (the victim dies before an allgather_object, which must raise it too).
 ALGO: auto | ring | hier | mpi. The victim writes time.time() to KILLFILE just
@@ -77,10 +78,17 @@ def one_step(step):
         errors, results = [], []
         for n, h in handles:  # every handle is waited, even after the first error
             try:
-                results.append((h.wait(), n))
+                out = h.wait()
+                if errors:
+                    sys.exit("rank %d: handle %s succeeded after a failed one"
+                             % (world_rank, h.name))
+                results.append((out, n))
             except comm.RanksLostError as e:
                 errors.append(e)
-        if errors:
+        if errors:  # the handles the victim joined before it died are whole
+            for out, n in results:
+                if not np.array_equal(out, expected(n, step)):
+                    sys.exit("rank %d: wrong all-reduce of %d before the loss" % (world_rank, n))
             raise LostAll(errors)
         for out, n in results:  # MPI's answer only once the step is whole
             check(out, n, step)
@@ -130,8 +138,8 @@ print("rank %d: %d error(s): %s" % (world_rank, len(errors), " | ".join(sorted(m
 if lost != [victim]:
     sys.exit("rank %d: the errors name ranks %s, not [%d]: %s" % (world_rank, lost, victim,
                                                                  errors[0]))
-if mode == "async" and len(errors) != len(SIZES):
-    sys.exit("rank %d: %d of %d handles failed, not all" % (world_rank, len(errors), len(SIZES)))
+if mode == "async" and len(errors) < len(SIZES) - 1:  # the victim queued at most the first
+    sys.exit("rank %d: only %d of %d handles failed" % (world_rank, len(errors), len(SIZES)))
 
 c = comm.shrink()
 alive = [w for w in alive if w != victim]
