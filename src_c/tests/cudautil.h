@@ -14,6 +14,13 @@
 
 static int rank, nranks;
 
+// the runtime the test was built against, for its last line
+#ifdef FAKE_CUDA
+#define CUDA_RUNTIME_NAME "fake"
+#else
+#define CUDA_RUNTIME_NAME "real"
+#endif
+
 // a failed CUDA call of the test itself ends it: it says nothing about hpcdl
 #define CUDA_OK(call)                                                           \
     do {                                                                        \

@@ -163,11 +163,7 @@ int main(int argc, char **argv) {
     MPI_Allreduce(&g_failures, &total_fail, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (rank == 0)
         printf("test_cuda_ipc (%s runtime, %d ranks): %d checks per rank, %d failed\n",
-#ifdef FAKE_CUDA
-               "fake",
-#else
-               "real",
-#endif
+               CUDA_RUNTIME_NAME,
                nranks, g_checks, total_fail);
     MPI_Comm_free(&node);
     free(all);

@@ -404,11 +404,7 @@ done:;
     if (rank == 0)
         printf("test_cuda_paths (%s runtime, %d ranks, local_size=%s, paths: %s%s%s): %d "
                "checks per rank, %d failed\n",
-#ifdef FAKE_CUDA
-               "fake",
-#else
-               "real",
-#endif
+               CUDA_RUNTIME_NAME,
                nranks, ls ? ls : "node", one_node ? "ipc" : "ipc + staged across nodes",
                ipc_only ? "" : ", staged", !ipc_only && all_aware ?
                (one_node ? ", gpu-direct" : ", gpu-direct, ipc + gpu-direct across nodes") : "",
