@@ -174,3 +174,71 @@ def test_a_bad_option_on_a_sieved_rank_is_one_labelled_line(monkeypatch, capsys)
     s.run(io.BytesIO(b""))
     assert s.summary()[0].startswith("error on rank 3: hpcdl bench allreduce: "), s.summary()
     os.unlink(s.path)
+
+
+def test_plain_tracebacks_of_known_mistakes_are_one_line():
+    """Issue 38 item 8: a rank's plain Python traceback (no hpcdl hook yet)
+    whose last line is one of hpcdl's classes (hvd.allreduce before hvd.init())
+    or torch's 'Unknown backend type hpcdl' (init_process_group("hpcdl") without
+    the import that registers it) is one line naming the fix; any other
+    traceback is shown as it came."""
+    out = io.StringIO()
+    s = causes.Sieve(out)
+    head = ["Traceback (most recent call last):\n", '  File "t.py", line 2, in <module>\n',
+            "    f()\n", "    ^^^\n"]
+    other = head + ["ValueError: the user's own\n"]
+    lines = (["step 1\n"] + head + ["AssertionError: Unknown backend type hpcdl\n"] + other
+             + head + ["hpcdl.torch.exceptions.NotInitializedError: hpcdl.torch has not been "
+                       "initialized: call hvd.init() first, before any other hvd call\n"]
+             + head + ["AssertionError: Unknown backend type hpcdl\n"])
+    for line in lines:
+        s.feed(line)
+    s.run(io.BytesIO(b""))
+    assert out.getvalue() == "step 1\n" + "".join(other)
+    said = s.finish(failed=True)
+    assert said[:2] == [
+        'error on 2 ranks: torch.distributed has no backend "hpcdl": import hpcdl.torch (or '
+        'hpcdl.torch.distributed) before dist.init_process_group("hpcdl"); the import '
+        'registers it',
+        "NotInitializedError on a rank: hpcdl.torch has not been initialized: call hvd.init() "
+        "first, before any other hvd call"], said
+    assert open(s.path).read().count("Traceback") == 3
+    os.unlink(s.path)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("script,line", [
+    ("import torch.distributed as dist\ndist.init_process_group('hpcdl')\n",
+     'hpcdl run: error on 2 ranks: torch.distributed has no backend "hpcdl": import '
+     'hpcdl.torch'),
+    ("import torch, hpcdl.torch as hvd\nhvd.allreduce(torch.ones(2))\n",
+     "hpcdl run: NotInitializedError on 2 ranks: hpcdl.torch has not been initialized: "
+     "call hvd.init() first")])
+def test_known_mistakes_under_hpcdl_run_are_one_line(tmp_path, script, line):
+    path = tmp_path / "mistake.py"
+    path.write_text(script)
+    r = subprocess.run(HPCDL + ["run", "-np", "2", "python", str(path)], capture_output=True,
+                       text=True, timeout=180, env=mpi_env())
+    assert r.returncode != 0
+    said = [l for l in r.stderr.splitlines() if l.startswith(line)]
+    assert len(said) == 1 and "Traceback" not in r.stderr and "MPI_ABORT" not in r.stderr, \
+        r.stderr
+    assert "UserWarning" not in r.stderr and len(r.stderr.splitlines()) <= 4, r.stderr
+    log = re.search(r"full tracebacks and the launcher's messages: (\S+)", r.stderr).group(1)
+    assert open(log).read().count("Traceback") == 2
+    os.unlink(log)
+
+
+def test_a_missing_script_is_refused_before_launching(tmp_path, capsys):
+    """hpcdl run -n 2 python nope.py printed python's 'can't open file' on
+    every rank and the launcher's banners; now one line, before any rank."""
+    from hpcdl.cli import run
+    from hpcdl.cli.main import main
+    assert main(["run", "-n", "2", "python", "-u", "-W", "ignore", str(tmp_path / "nope.py"),
+                 "--epochs", "1"]) == 2
+    assert capsys.readouterr().err == "hpcdl: error: %s: no such file (the script python " \
+                                      "would run on every rank)\n" % (tmp_path / "nope.py")
+    assert main(["run", "-n", "2", "python", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert run.python_script(["-c", "x.py"]) is None and run.python_script(["-m", "a"]) is None
+    assert run.python_script(["-X", "dev", "a.py", "b.py"]) == "a.py"

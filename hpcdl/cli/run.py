@@ -182,12 +182,31 @@ def exported_env(export):
     return env
 
 
+def python_script(args):
+    """The script path in python's arguments args, or None (-c, -m, stdin)."""
+    args = list(args)
+    while args:
+        a = args.pop(0)
+        if a in ("-c", "-m", "-") or a.startswith(("-c", "-m")):
+            return None
+        if a in ("-W", "-X"):  # options with a separate value
+            args = args[1:]
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
 def resolve_command(cmd, check_path=True):
     """(cmd, note): `python` / `python3` become the interpreter hpcdl runs in
     (so the ranks see the same packages without activating its venv), and,
     with check_path (ranks on this host), a command missing from PATH here is
     a UsageError before any rank starts."""
     if cmd[0] in ("python", "python3"):
+        script = python_script(cmd[1:])
+        if check_path and script is not None and not os.path.isfile(script):
+            raise UsageError("%s: %s (the script %s would run on every rank)" % (
+                script, "is a directory" if os.path.isdir(script) else "no such file",
+                cmd[0]))
         return [sys.executable] + list(cmd[1:]), "  (%s = %s, hpcdl's interpreter)" % (
             cmd[0], sys.executable)
     if check_path and shutil.which(cmd[0]) is None:

@@ -27,7 +27,7 @@ synchronize are HorovodInternalError (exceptions.py), as in Horovod.
 import itertools
 
 from .. import comm
-from .exceptions import as_internal
+from .exceptions import NotInitializedError, as_internal
 
 _pending = {}                 # int handle -> _Pending
 _in_flight = set()            # (id of the Communicator, name) of every _Pending
@@ -101,7 +101,8 @@ def flush(on):
 def world():
     """The hpcdl Communicator; hpcdl.torch never starts MPI behind your back."""
     if not comm.is_initialized():
-        raise ValueError("hpcdl.torch has not been initialized; call hvd.init() first")
+        raise NotInitializedError("hpcdl.torch has not been initialized: call hvd.init() "
+                                  "first, before any other hvd call")
     return comm.world()
 
 

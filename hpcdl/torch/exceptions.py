@@ -14,6 +14,11 @@ class HorovodInternalError(RuntimeError):
     """A collective failed (as Horovod's: a RuntimeError)."""
 
 
+class NotInitializedError(ValueError):
+    """An hpcdl.torch call before hvd.init() (a ValueError, as Horovod's). Its
+    own class, so hpcdl's launcher sums it up as one line (utils/causes.py)."""
+
+
 class MismatchError(comm.MismatchError, HorovodInternalError):
     """Ranks disagree on a collective (count, dtype, op, shape, name...)."""
 

@@ -56,15 +56,31 @@ def report(exc_type, exc, tb, rank):
 
 # ------------------------------------------------------------ launcher side
 # what Open MPI / MPICH print around an abort, once the cause is known
+# (and torch's warning, with its source line, before it fails on an unregistered
+# backend "hpcdl": KNOWN below says what to do)
 NOISE = re.compile(r"ORTE_ERROR_LOG|more process(es)? ha(s|ve) sent help message|"
                    r"orte_base_help_aggregate|uncaught \w+; ending the job|"
-                   r"application called MPI_Abort|BAD TERMINATION|^\s*=+\s*$")
+                   r"application called MPI_Abort|BAD TERMINATION|^\s*=+\s*$|"
+                   r"Device capability of hpcdl unknown|^\s+backend_config = BackendConfig")
 DASHES = re.compile(r"^-{20,}\s*$")
 # the core's own verdicts (src_c/stall.c), one line from each rank that says it
 CORE_VERDICT = re.compile(r"^\[rank (\d+)\] error: ((stall inspector:|rank \d+ finished) .*)$")
 # a problem a rank refuses in one line (cli/main.py print_errors, cli/train.py:
 # a bad path, a checkpoint that does not fit): each rank says it, status 2
 RANK_ERROR = re.compile(r"^hpcdl: error: \[rank (\d+)\] (.*)$")
+# a rank's plain Python traceback (an error before hpcdl's hook is installed:
+# before comm.init / hvd.init, or torch's own): held until its last line says
+# what it was; one of hpcdl's classes, or a mistake KNOWN here, becomes one
+# cause line, anything else is shown as it came
+TRACEBACK = "Traceback (most recent call last):"
+OURS_LAST = re.compile(r"^hpcdl(?:\.\w+)*\.(\w+): (.*)$")  # hpcdl.torch.exceptions.X: msg
+KNOWN = [
+    # dist.init_process_group("hpcdl") without the import that registers it
+    (re.compile(r"Unknown (?:c10d )?backend type:? '?hpcdl'?|Invalid backend: 'hpcdl'"),
+     'torch.distributed has no backend "hpcdl": import hpcdl.torch (or '
+     'hpcdl.torch.distributed) before dist.init_process_group("hpcdl"); the import '
+     'registers it'),
+]
 # banners of a job ending: held until the end when no cause is known yet (the
 # launcher's own messages may overtake the ranks' forwarded stderr)
 ENDING = re.compile(r"MPI_ABORT was invoked|Primary job +terminated|noticed that process "
@@ -85,6 +101,7 @@ class Sieve:
         self._block = None  # lines of an open ------ banner
         self._held = []     # ending noise seen before any cause: decided at the end
         self.tracebacks = 0  # traceback lines logged (what makes the log worth keeping)
+        self._tb = None     # lines of a plain traceback, until its last line
 
     def log(self, line):
         if self._log is None:
@@ -97,6 +114,9 @@ class Sieve:
         self.out.flush()
 
     def feed(self, line):
+        if self._tb is not None or line.startswith(TRACEBACK):
+            self._traceback(line)
+            return
         if TB_MARK in line:
             rank, _, text = line.split(TB_MARK, 1)[1][1:].partition(" ")
             self.log("[rank %s] %s" % (rank, text))
@@ -125,6 +145,22 @@ class Sieve:
             self._noise([line])
         else:
             self._show(line)
+
+    def _traceback(self, line):
+        if self._tb is None or line.startswith((" ", "\t", TRACEBACK)) or not line.strip():
+            self._tb = (self._tb or []) + [line]
+            return
+        block, self._tb = self._tb + [line], None
+        last = line.strip()
+        ours = OURS_LAST.match(last)
+        hint = next((h for pattern, h in KNOWN if pattern.search(last)), None)
+        if not ours and not hint:
+            self._show("".join(block))
+            return
+        for text in block:
+            self.log(text)
+        self.tracebacks += len(block)
+        self._add(ours.group(1) if ours else "error", ours.group(2) if ours else hint, None)
 
     def _noise(self, lines):
         if self.causes:
@@ -170,6 +206,9 @@ class Sieve:
                     self._show(line)
                 except Exception:
                     pass
+        if self._tb is not None:  # cut short: as it came
+            self._show("".join(self._tb))
+            self._tb = None
         if self._block is not None:
             self._end_block()
         held, self._held = self._held, []
@@ -205,10 +244,11 @@ class Sieve:
 
 
 def rank_list(ranks):
-    """[0, 1, 2, 5] -> 'ranks 0-2,5'; [3] -> 'rank 3'."""
-    ranks = sorted({r for r in ranks if isinstance(r, int)})
+    """[0, 1, 2, 5] -> 'ranks 0-2,5'; [3] -> 'rank 3'; [None, None] (a plain
+    traceback does not say whose it is) -> '2 ranks'."""
+    count, ranks = len(ranks), sorted({r for r in ranks if isinstance(r, int)})
     if not ranks:
-        return "a rank"
+        return "a rank" if count < 2 else "%d ranks" % count
     parts, start = [], ranks[0]
     for prev, cur in zip(ranks, ranks[1:] + [None]):
         if cur is None or cur != prev + 1:
