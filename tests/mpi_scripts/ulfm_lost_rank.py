@@ -2,7 +2,9 @@
 rank SIGKILLs itself inside a loop of all-reduces; the survivors must each get one
 RanksLostError naming it, shrink to the others, and all-reduce correctly again.
 
-    python ulfm_lost_rank.py VICTIM STEP MODE ALGO KILLFILE
+    python ulfm_lost_rank.py VICTIMS STEP MODE ALGO KILLFILE
+
+VICTIMS: one rank, or several (1,3) that die at the same point.
 
 MODE: blocking | async (every size of a step queued on the engine, then waited:
 the one the victim queued before it died may complete, correct; every handle after
@@ -26,8 +28,9 @@ from mpi4py import MPI
 
 from hpcdl import comm
 
-victim, kill_step, mode, algo, killfile = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
-                                           sys.argv[4], sys.argv[5])
+victims, kill_step, mode, algo, killfile = ([int(v) for v in sys.argv[1].split(",")],
+                                            int(sys.argv[2]), sys.argv[3], sys.argv[4],
+                                            sys.argv[5])
 SIZES = [1, 3, 1000, 65537, 300001]  # < ranks, odd, not a multiple of 4, 1.2 MiB
 STEPS_AFTER = 4
 
@@ -71,7 +74,7 @@ def one_step(step):
     if mode == "async":
         handles = []
         for k, n in enumerate(SIZES):
-            if step == kill_step and k == 1 and world_rank == victim:
+            if step == kill_step and k == 1 and world_rank in victims:
                 die()
             x = buffer_for(n, step)
             handles.append((n, c.allreduce_async(x, algorithm=algo, name="grad.bucket.%d" % k)))
@@ -94,7 +97,7 @@ def one_step(step):
             check(out, n, step)
         return
     for k, n in enumerate(SIZES):
-        if step == kill_step and k == 1 and world_rank == victim:
+        if step == kill_step and k == 1 and world_rank in victims:
             die()
         if mode == "object" and k == 1:  # an mpi4py collective through hpcdl.comm
             got = c.allgather_object((world_rank, step))
@@ -112,9 +115,10 @@ class LostAll(Exception):
 
 
 def die():
-    with open(killfile + ".tmp", "w") as f:
+    tmp = "%s.%d.tmp" % (killfile, world_rank)  # victims die at once: one file each
+    with open(tmp, "w") as f:
         f.write(repr(time.time()))
-    os.rename(killfile + ".tmp", killfile)
+    os.rename(tmp, killfile)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -135,16 +139,18 @@ lost = sorted({r for e in errors for r in e.ranks})
 msgs = {str(e).split(" on rank")[0] for e in errors}
 print("rank %d: %d error(s): %s" % (world_rank, len(errors), " | ".join(sorted(msgs))[:600]),
       flush=True)
-if lost != [victim]:
-    sys.exit("rank %d: the errors name ranks %s, not [%d]: %s" % (world_rank, lost, victim,
+# a survivor names the lost ranks MPI has told it of: each victim's loss may reach it
+# after the first error, but the ranks named are victims, and at least one
+if not lost or not set(lost) <= set(victims) or (len(victims) == 1 and lost != victims):
+    sys.exit("rank %d: the errors name ranks %s, not %s: %s" % (world_rank, lost, victims,
                                                                  errors[0]))
 if mode == "async" and len(errors) < len(SIZES) - 1:  # the victim queued at most the first
     sys.exit("rank %d: only %d of %d handles failed" % (world_rank, len(errors), len(SIZES)))
 
 c = comm.shrink()
-alive = [w for w in alive if w != victim]
+alive = [w for w in alive if w not in victims]
 shared = {}
-if c.size != len(alive) or c.lost != [victim]:
+if c.size != len(alive) or c.lost != victims:
     sys.exit("rank %d: shrink gave %d ranks, lost %s" % (world_rank, c.size, c.lost))
 for s in range(STEPS_AFTER):
     n = SIZES[-1]
