@@ -15,7 +15,7 @@ from hpcdl.cli.elastic_run import check_counts
 from hpcdl.cli.run import read_hostfile
 from hpcdl.cli.main import UsageError
 from hpcdl.torch.elastic import sampler as sampler_mod
-from hpcdl.utils import sharded
+from hpcdl.checkpoint import files as sharded
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "mpi_scripts", "elastic_train.py")

@@ -1,4 +1,4 @@
-"""test_sharded.py - hpcdl/utils/sharded.py, the one on-disk checkpoint
+"""test_sharded.py - hpcdl/checkpoint/files.py, the one on-disk checkpoint
 format, in one process (the ranks' files written one after another): a save
 reads back exactly; a bad manifest, a missing or damaged rank file, a file
 of another save and a manifest of another kind are each refused with one
@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from hpcdl.utils import sharded
+from hpcdl.checkpoint import files as sharded
 
 
 def _save(directory, ranks, save="s1", kind="test"):

@@ -25,7 +25,7 @@ import pytest
 
 import hang_guard
 from hpcdl import vcluster
-from hpcdl.utils import sharded
+from hpcdl.checkpoint import files as sharded
 from mpi_harness import REPO, mpi_env
 from vcluster_harness import (HPCDL, cli, leftovers, shared_dir,
                               skip_module_unless_possible, vexec, wait_no_leftovers)

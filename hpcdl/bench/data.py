@@ -23,7 +23,6 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
-import json
 
 import numpy as np
 import torch
@@ -34,6 +33,7 @@ from .allreduce import code_version, describe_job
 from ..utils.log import print0
 from .. import models
 from ..train.config import TrainConfig
+from ..utils.atomic import write_json
 
 
 @dataclass
@@ -292,9 +292,8 @@ def report(opts, rows, consumer, say, mpi, job):
     wrong = sum(r["wrong"] for r in rows)
     say("# Wrong or missing samples: %d %s" % (wrong, "OK" if wrong == 0 else "FAILED"))
     if opts.json and mpi.rank == 0:
-        with open(opts.json, "w") as f:
-            json.dump(dict(job=job, rows=rows, consumer_samples_per_s=rate,
-                           batch=opts.batch, workers=opts.workers), f, indent=1)
+        write_json(opts.json, dict(job=job, rows=rows, consumer_samples_per_s=rate,
+                                   batch=opts.batch, workers=opts.workers), indent=1)
     return 1 if wrong else 0
 
 

@@ -23,7 +23,6 @@ the first step their parameters must agree to 1e-4 (exit status 1 if not);
 after the last step the difference is reported (with 2 ranks a sum has one
 order, so it is checked too).
 """
-import json
 import statistics
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ from .. import comm
 from .allreduce import start_gloo, start_hpcdl_group
 from .train import Impl, build_model, interleaved, max_param_diff, model_and_data, sgd_step, start
 from .zero import _local, fully_shard_units
+from ..utils.atomic import write_json
 
 BACKENDS = ("hpcdl", "gloo")
 WRAPS = ("ddp", "fsdp2")
@@ -193,10 +193,9 @@ def run(opts):
                 "%.2fx (range %.2f..%.2fx)" % (statistics.median(bound), min(bound), max(bound)))
     wrong = any(s["wrong"] for s in summary.values())
     if opts.json and world.rank == 0:
-        with open(opts.json, "w") as f:
-            json.dump({"ranks": world.size, "model": opts.model, "params": nparams,
-                       "batch_per_rank": opts.batch, "threads": threads,
-                       "backends": list(opts.backends), "wraps": list(opts.wraps),
-                       "steps": opts.steps, "load_avg_1min": job["load_avg_1min"],
-                       "rows": rows, "repeats": reps, "summary": summary}, f, indent=1)
+        write_json(opts.json, {"ranks": world.size, "model": opts.model, "params": nparams,
+                               "batch_per_rank": opts.batch, "threads": threads,
+                               "backends": list(opts.backends), "wraps": list(opts.wraps),
+                               "steps": opts.steps, "load_avg_1min": job["load_avg_1min"],
+                               "rows": rows, "repeats": reps, "summary": summary}, indent=1)
     return 1 if wrong else 0

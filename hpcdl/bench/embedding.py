@@ -25,7 +25,6 @@ machine only adds time). "x sharded" is the median's ratio. Correctness in the s
 the timed loop: from the same tables and batch, the three forwards and each
 owner's tables after one step must agree within 1e-4 (#wrong; exit 1).
 """
-import json
 import statistics
 from dataclasses import dataclass
 
@@ -37,6 +36,7 @@ from .. import comm
 from .allreduce import start_hpcdl_group
 from ..torch.distributed import ShardedEmbeddingBag
 from ..torch.distributed.sharded_embedding import init_table
+from ..utils.atomic import write_json
 
 METHODS = ("sharded", "replicated", "allgather")
 WRONG = 1e-4
@@ -244,9 +244,8 @@ def run(opts):
                             wrong=bad))
     say("# methods agree after one step within %g: %s" % (WRONG, "FAILED" if wrong else "OK"))
     if opts.json and world.rank == 0:
-        with open(opts.json, "w") as f:
-            json.dump({"ranks": world.size, "tables": opts.tables, "dim": opts.dim,
-                       "batch_per_rank": opts.batch, "pooling": opts.pooling,
-                       "steps": opts.steps, "threads": threads,
-                       "load_avg_1min": job["load_avg_1min"], "rows": out}, f, indent=1)
+        write_json(opts.json, {"ranks": world.size, "tables": opts.tables, "dim": opts.dim,
+                               "batch_per_rank": opts.batch, "pooling": opts.pooling,
+                               "steps": opts.steps, "threads": threads,
+                               "load_avg_1min": job["load_avg_1min"], "rows": out}, indent=1)
     return 1 if wrong else 0

@@ -24,7 +24,6 @@ steps without anything being wrong, so there only the first step is checked
 so its cost per step is the difference to hpcdl's; it must end with exactly
 hpcdl's parameters (the measurement only reads gradients).
 """
-import json
 import math
 import os
 import time
@@ -41,6 +40,7 @@ from .. import comm, models
 from .allreduce import describe_job, start_gloo
 from ..torch.reducer import fusion_threshold
 from ..trace import timeline
+from ..utils.atomic import write_json
 import hpcdl.torch as hvd
 
 MLP_HIDDEN = (4096, 2048)  # 1024-4096-2048-10: 12.6 M parameters
@@ -369,11 +369,10 @@ def run(opts):
                "%.4g" % last["b_simple"] if last["b_simple"] is not None else "-",
                last["noise_steps"], opts.batch, "OK" if same else "FAILED"))
     if opts.json and world.rank == 0:
-        with open(opts.json, "w") as f:
-            json.dump({"ranks": world.size, "model": opts.model, "params": nparams,
-                       "batch_per_rank": opts.batch, "threads": threads, "rows": rows,
-                       "fusion_bytes": fusion_threshold(),
-                       "repeats": reps, "ratio": ratio, "ratios": ratios,
-                       "first_step_param_diff": first, "max_param_diff": diff,
-                       "noise_scale": noise}, f, indent=1)
+        write_json(opts.json, {"ranks": world.size, "model": opts.model, "params": nparams,
+                               "batch_per_rank": opts.batch, "threads": threads, "rows": rows,
+                               "fusion_bytes": fusion_threshold(),
+                               "repeats": reps, "ratio": ratio, "ratios": ratios,
+                               "first_step_param_diff": first, "max_param_diff": diff,
+                               "noise_scale": noise}, indent=1)
     return 1 if wrong else 0

@@ -29,7 +29,6 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-import json
 import resource
 
 import torch
@@ -43,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .. import comm
 from .allreduce import start_gloo
 from .train import build_model, interleaved, model_and_data, start
+from ..utils.atomic import write_json
 import hpcdl.torch as hvd
 
 STAGES = (0, 1, 2, 3)
@@ -320,12 +320,11 @@ def run(opts):
     say("# #wrong %d (parameters more than %g relative from the first row): %s"
         % (wrong, WRONG_REL, "FAILED" if wrong else "OK"))
     if opts.json and world.rank == 0:
-        with open(opts.json, "w") as f:
-            json.dump({"ranks": world.size, "model": opts.model, "params": nparams,
-                       "batch_per_rank": opts.batch, "threads": threads,
-                       "stages": list(opts.stages), "load_avg_1min": job["load_avg_1min"],
-                       "rows": rows, "repeats": reps, "peak_rss_bytes": peak_rss,
-                       "wrong": wrong}, f, indent=1)
+        write_json(opts.json, {"ranks": world.size, "model": opts.model, "params": nparams,
+                               "batch_per_rank": opts.batch, "threads": threads,
+                               "stages": list(opts.stages), "load_avg_1min": job["load_avg_1min"],
+                               "rows": rows, "repeats": reps, "peak_rss_bytes": peak_rss,
+                               "wrong": wrong}, indent=1)
     return 1 if wrong else 0
 
 

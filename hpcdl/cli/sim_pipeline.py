@@ -6,9 +6,9 @@ Registered by cli/sim.py.
     hpcdl sim pipeline --stages 4 --micro-batches 1,4,8,16 --batch 64 \\
         --activation-elements 1M --step-compute-ms 400 --alpha 5us --beta 12.5GB/s
 """
-import json
 
 from .main import UsageError
+from ..utils.atomic import write_json
 
 
 def register(sub):
@@ -86,10 +86,9 @@ def run_pipeline(args):
     print("# p2p/step: bytes through one stage boundary per step (activations forward + "
           "gradients back); activations: micro-batches stage 0 keeps at once")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"stages": p, "batch": args.batch, "activation_elements": elements,
-                       "bytes_per_element": args.bytes_per_element, "alpha": alpha,
-                       "beta": beta, "step_compute_s": args.step_compute_ms / 1e3,
-                       "backward_share": args.backward_share, "rows": rows}, f, indent=1)
+        write_json(args.json, {"stages": p, "batch": args.batch, "activation_elements": elements,
+                               "bytes_per_element": args.bytes_per_element, "alpha": alpha,
+                               "beta": beta, "step_compute_s": args.step_compute_ms / 1e3,
+                               "backward_share": args.backward_share, "rows": rows}, indent=1)
         print("# wrote %s" % args.json)
     return 0

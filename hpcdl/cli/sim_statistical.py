@@ -10,6 +10,7 @@ import json
 
 from .main import UsageError
 from .sim_common import add_network_flags, network_values, parse_gpus
+from ..utils.atomic import write_json
 
 GPUS = ",".join(str(2 ** k) for k in range(3, 13))      # 8 .. 4096
 
@@ -157,16 +158,15 @@ def run_time_to_accuracy(args):
         print("# beyond-fit: a global batch outside the batches the fit was measured at: "
               "S(B) there is an extrapolation")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": work.name, "params": work.params,
-                       "compute_per_sample_s": work.compute_per_sample_s,
-                       "fixed_s": work.fixed_s, "overlap": work.overlap,
-                       "bytes_per_param": work.bytes_per_param, "s_min": fit.s_min,
-                       "b_noise": fit.b_noise, "fit_source": fit.source,
-                       "fit_batches": list(fit.batches) if fit.batches else None,
-                       "algorithm": args.algorithm, "alpha": alpha, "beta": beta,
-                       "alpha_intra": alpha_intra, "beta_intra": beta_intra, "gamma": gamma,
-                       "gpus_per_node": args.gpus_per_node, "local_batches": grid,
-                       "dataset_size": size, "rows": rows}, f, indent=1)
+        write_json(args.json, {"model": work.name, "params": work.params,
+                               "compute_per_sample_s": work.compute_per_sample_s,
+                               "fixed_s": work.fixed_s, "overlap": work.overlap,
+                               "bytes_per_param": work.bytes_per_param, "s_min": fit.s_min,
+                               "b_noise": fit.b_noise, "fit_source": fit.source,
+                               "fit_batches": list(fit.batches) if fit.batches else None,
+                               "algorithm": args.algorithm, "alpha": alpha, "beta": beta,
+                               "alpha_intra": alpha_intra, "beta_intra": beta_intra, "gamma": gamma,
+                               "gpus_per_node": args.gpus_per_node, "local_batches": grid,
+                               "dataset_size": size, "rows": rows}, indent=1)
         print("# wrote %s" % args.json)
     return 0

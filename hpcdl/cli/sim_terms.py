@@ -12,6 +12,7 @@ import json
 from .main import UsageError
 from .sim_common import add_network_flags, network_values, parse_gpus
 from ..utils.launch import env_rank
+from ..utils.atomic import write_json
 
 TERM_NAMES = ("buckets", "shared", "compression", "stragglers", "overheads", "timeshare", "cpu",
               "allreduce")
@@ -158,8 +159,7 @@ def run_profile(args):
               for r in doc["layers"]]
     _print_once(lines)
     if args.json and _rank0():
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_json(args.json, doc, indent=1)
         _print_once(["# wrote %s" % args.json])
     return 0
 
@@ -279,8 +279,7 @@ def run_step(args):
                         doc["measured"]["ratio"]))
     print("\n".join(lines), flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_json(args.json, doc, indent=1)
         print("# wrote %s" % args.json)
     return 0
 
@@ -296,7 +295,6 @@ def run_records(args):
         return 0
     print("\n".join(records.table(rows)), flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        write_json(args.json, rows, indent=1)
         print("# wrote %s" % args.json)
     return 0

@@ -8,10 +8,10 @@ templates in slurm/, filled in safely, submitted, and a sweep's scaling table.
 """
 import os
 import sys
-import json
 
 from .main import UsageError
 from .. import slurm
+from ..utils.atomic import write_json
 
 # flag -> template variable; each is also `--set NAME=VALUE`
 RESOURCE_FLAGS = (("--nodes", "NODES", "N", "nodes"),
@@ -192,8 +192,7 @@ def run_summary(args):
     if unfinished:
         print("# unfinished (no summary.json): %s" % ", ".join(unfinished))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        write_json(args.json, rows, indent=1)
     if args.plot is not None:
         path = args.plot or os.path.join(args.folder, "scaling.png")
         slurm.plot(rows, path, args.folder)

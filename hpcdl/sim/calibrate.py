@@ -36,6 +36,7 @@ from . import cost, fit
 from .units import format_beta, format_time
 from ..bench import allreduce as ar
 from .. import comm
+from ..utils.atomic import write_json
 
 DEFAULT_MAX_BYTES = 64 << 20
 
@@ -456,8 +457,7 @@ def run(opts):
     doc = (measure_against if opts.predict_from else measure)(world, opts, say, job)
     print_footer(say, doc)
     if world.rank == 0 and opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_json(opts.json, doc, indent=1)
         say("# wrote %s" % opts.json)
     comm.shutdown()
     wrong = sum(r["wrong"] for r in doc.get("allreduce", {}).get("rows", []))

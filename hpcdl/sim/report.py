@@ -1,11 +1,11 @@
 """report.py - the scaling simulator's output: one table per algorithm
 (nccl-tests style: '#' header, one row per GPU count), a JSON document and
 a plot of efficiency and throughput against GPU count."""
-import json
 from dataclasses import asdict
 
 from . import cost
 from .units import format_beta, format_time
+from ..utils.atomic import write_json
 
 
 def header(work, net, flat):
@@ -67,8 +67,7 @@ def render(rows, work, net):
 def write_json(path, rows, work, net):
     doc = {"workload": asdict(work), "nbytes": work.nbytes, "network": asdict(net),
            "formulas": cost.FORMULAS, "rows": [asdict(r) for r in rows]}
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
+    write_json(path, doc, indent=1)
 
 
 def write_plot(path, rows, work, net=None):

@@ -29,7 +29,9 @@ import os
 import torch
 
 from .. import comm
-from . import build, data
+from ..checkpoint import zero as zero_checkpoint
+from ..checkpoint.reshard import optimizer_names
+from . import build, checkpoint, data
 from .precision import LossScaler, autocast
 from .. import torch as hvd
 from ..optim.adascale import ScaleInvariantScheduler
@@ -212,16 +214,16 @@ class AllReduce:
 
     def restore(self, state, dirs):
         """Collective: the state save() wrote (checkpoint.load merged its save
-        directory in; sharded parts are read through dirs)."""
-        self.model.load_state_dict(state["model"])
-        self.load_optimizer(state, dirs)
+        directory in), or any --zero stage's on any rank count: the model and
+        optimizer through load_model_and_optimizer, the rest as saved."""
+        self.load_model_and_optimizer(state, dirs)
         self.sched.load_state_dict(state["scheduler"])
         if self.adascale() is not None:
             self.adascale().load_state_dict(state["adascale"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng"]["torch"])
-        residuals = state["residuals"]
+        residuals = state.get("residuals")  # --zero 3 keeps none
         if residuals is not None and hasattr(self.compression, "load_state_dict"):
             if state["ranks"] == comm.size():
                 self.compression.load_state_dict(residuals[comm.rank()])
@@ -234,6 +236,18 @@ class AllReduce:
         """The checkpoint's optimizer part: the whole optimizer (every rank has it)."""
         return {"optimizer": self.opt.state_dict()}
 
-    def load_optimizer(self, state, dirs):
-        self.opt.load_state_dict(state["optimizer"])
-
+    def load_model_and_optimizer(self, state, dirs):
+        """The whole model and optimizer: as checkpoint.pt holds them, or
+        joined by parameter name from the pieces of a --zero 1-3 save."""
+        name = checkpoint.pieces_dir(state)
+        if name is None:
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            return
+        whole = dirs.load(name, lambda path: zero_checkpoint.read_whole(path, comm))
+        if "model" in state:  # stages 1-2 keep the whole model in checkpoint.pt
+            self.model.load_state_dict(state["model"])
+        else:  # stage 3: its pieces joined, its buffers when saved
+            self.model.load_state_dict(whole.model_state(state.get("buffers")),
+                                       strict="buffers" in state)
+        self.opt.load_state_dict(whole.torch_optimizer(optimizer_names(self.model, self.opt)))

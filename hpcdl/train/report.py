@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from .. import comm
-from ..utils.atomic import write_json
+from ..utils.atomic import atomic_open, write_json
 
 PLAIN_EVERY_S = 30.0
 
@@ -36,6 +36,7 @@ class Reporter:
                         "and model.pt are not written (give --out DIR to keep them)")
         self.bar = None
         self._last_plain = 0.0
+        self._noise_said = False
 
     # ------------------------------------------------------------ progress
     def start_epoch(self, epoch, steps, done):
@@ -45,10 +46,18 @@ class Reporter:
         if self.bar is not None:
             self.bar.close()
         if sys.stderr.isatty():
-            self.bar = tqdm(total=steps, initial=done, desc="epoch %d/%d" % (epoch, self.cfg.epochs),
+            self.bar = tqdm(total=steps, initial=done, desc=self.epoch_of(epoch),
                             unit="step", leave=False, dynamic_ncols=True)
         self._last_plain = time.monotonic()
         self._epoch, self._steps = epoch, steps
+
+    def epoch_of(self, epoch):
+        """'epoch 3/5'; with AdaScale (--lr-scaling adascale, and so --global-batch
+        auto) the run ends at its progress, not after --epochs passes over the
+        data, so 'epoch 7' alone (issue 38: 'epoch 7/5' confused)."""
+        if getattr(self.cfg, "lr_scaling", None) == "adascale":
+            return "epoch %d" % epoch
+        return "epoch %d/%d" % (epoch, self.cfg.epochs)
 
     def step(self, step, loss):
         if not self.lead:
@@ -68,9 +77,20 @@ class Reporter:
             self.bar.close()
             self.bar = None
         noise = "  B_simple %.4g" % rec["b_simple"] if rec.get("b_simple") else ""
-        comm.print0("epoch %3d/%d  loss %.4f  acc %.4f  test_acc %.4f  lr %.4g  samples/s %.0f"
-                    % (rec["epoch"], self.cfg.epochs, rec["loss"], rec["accuracy"],
-                       rec["test_accuracy"], rec["lr"], rec["samples_per_s"]) + noise)
+        if noise and not self._noise_said:  # what the number is, once
+            comm.print0("hpcdl train: B_simple below is the gradient noise scale (samples): "
+                        "batches much larger than it gain little per sample "
+                        "(docs/noise_scale.md); summary.json keeps the last one")
+            self._noise_said = True
+        if rec.get("base_steps"):  # AdaScale: where the run stands is its progress
+            head = "epoch %3d (progress %d/%d steps of batch %d)" % (
+                rec["epoch"], rec["scale_invariant_steps"], rec["base_steps"],
+                self.cfg.base_batch)
+        else:
+            head = "epoch %3d/%d" % (rec["epoch"], self.cfg.epochs)
+        comm.print0(head + "  loss %.4f  acc %.4f  test_acc %.4f  lr %.4g  samples/s %.0f"
+                    % (rec["loss"], rec["accuracy"], rec["test_accuracy"], rec["lr"],
+                       rec["samples_per_s"]) + noise)
         if self.metrics is not None:
             self.metrics.write(json.dumps(rec) + "\n")
             self.metrics.flush()  # readable while training runs
@@ -91,14 +111,20 @@ class Reporter:
                                 ("ranks", "ranks", "%d"),
                                 ("global batch", "global_batch", "%d"),
                                 ("params sha256", "params_sha256", "%s")):
-            comm.print0("%-14s " % label + fmt % summary[key])
+            comm.print0("%-14s " % label + fmt % summary[key] + (
+                "  (%s)" % wall_text(summary["wall_parts_s"])
+                if key == "wall_s" and summary.get("wall_parts_s") else ""))
+        if summary.get("b_simple") is not None:
+            comm.print0("%-14s %.4g samples (gradient noise scale B_simple, last epoch)"
+                        % ("noise scale", summary["b_simple"]))
         if summary.get("target_accuracy") is not None:
             comm.print0("%-14s %s" % ("to test acc %g" % summary["target_accuracy"],
                                       target_text(summary)))
         if not (self.lead and self.cfg.out):
             return
         write_json(os.path.join(self.cfg.out, "summary.json"), summary, indent=1)
-        torch.save(model.state_dict(), os.path.join(self.cfg.out, "model.pt"))
+        with atomic_open(os.path.join(self.cfg.out, "model.pt")) as f:
+            torch.save(model.state_dict(), f)
         plot_curves(os.path.join(self.cfg.out, "metrics.jsonl"),
                     os.path.join(self.cfg.out, "curves.png"))
 
@@ -121,6 +147,12 @@ def keep_earlier_run(out):
         os.replace(os.path.join(out, f), os.path.join(keep, f))
     comm.print0("hpcdl train: %s held an earlier run; its %s moved to %s"
                 % (out, ", ".join(found), keep))
+
+
+def wall_text(parts):
+    """'training 1.04, evaluation 0.31, checkpoints 0.00, start-up and other 21.67'."""
+    return ", ".join("%s %.2f" % (name.replace("_", " ").replace("start up", "start-up"), s)
+                     for name, s in parts.items())
 
 
 def target_text(summary):

@@ -9,20 +9,23 @@ Everything else is allreduce.py's: the data slices, the fp16 loss scale (its
 overflow check reads this rank's gradient shard, agreed by every rank).
 
 Checkpoints of every stage are sharded: each rank writes its own pieces and
-their optimizer state into a save directory beside checkpoint.pt (one file
-per rank plus a manifest; hpcdl/torch/zero/checkpoint.py; directories as
-train/checkpoint.py's SaveDirs keeps them), so no rank ever holds the whole
-optimizer. checkpoint.pt (rank 0) names that directory and holds the rest
-(stages 1-2: the whole model, which every rank has). Resuming
-reshards to the current rank count; stages 1 and 2 resume each other's
-checkpoints, and a --zero 0 checkpoint's whole optimizer; a run resumed on
-the same ranks ends with exactly the parameters of one that never stopped.
+their optimizer state, by parameter name, into a save directory beside
+checkpoint.pt (one file per rank plus a manifest; hpcdl/checkpoint/zero.py
+and buckets.py; directories as hpcdl/checkpoint/root.py's SaveDirs keeps
+them), so no rank ever holds the whole optimizer. checkpoint.pt (rank 0)
+names that directory and holds the rest (stages 1-2: the whole model, which
+every rank has). Resuming reshards to the current rank count and cut: any
+stage resumes any other's checkpoint (0-3) on any rank count; a run resumed
+on the same ranks at the same stage ends with exactly the parameters of one
+that never stopped.
 """
 import torch
 
 from .. import comm
-from ..torch.zero import checkpoint as zero3_checkpoint, checkpoint12, shard_model
-from . import build
+from ..checkpoint import buckets, zero as zero_checkpoint
+from ..checkpoint.reshard import Whole, optimizer_names
+from ..torch.zero import shard_model
+from . import build, checkpoint
 from .allreduce import AllReduce
 from .errors import ConfigError
 from .precision import LossScaler
@@ -58,17 +61,22 @@ class Zero(AllReduce):
     def optimizer_state(self, dirs):
         """Collective: each rank writes its pieces and their optimizer state
         into a fresh shard directory (dirs); checkpoint.pt names it."""
-        name = dirs.save(lambda path: checkpoint12.save_sharded(self.opt, path))
+        name = dirs.save(lambda path: buckets.save_sharded(self.opt, path))
         return {"zero12": {"dir": name, "stage": self.zero_stage, "ranks": comm.size()}}
 
-    def load_optimizer(self, state, dirs):
-        """Collective: this rank's pieces and state from the shard directory
-        (resharded when saved on another rank count), or the whole optimizer
-        a --zero 0 checkpoint holds (each rank keeps its pieces' state)."""
-        if "zero12" not in state:
-            self.opt.load_state_dict(state["optimizer"])
+    def load_model_and_optimizer(self, state, dirs):
+        """Collective: this rank's pieces and state from a directory of pieces
+        (any stage's, resharded to this rank count and these buckets), or the
+        whole optimizer a --zero 0 checkpoint holds (each rank keeps its
+        pieces' state)."""
+        name = checkpoint.pieces_dir(state)
+        if name is None:
+            super().load_model_and_optimizer(state, dirs)
             return
-        dirs.load(state["zero12"]["dir"], lambda path: checkpoint12.load_sharded(self.opt, path))
+        if "model" in state or "buffers" in state:  # the parameters come from the pieces
+            self.model.load_state_dict(state.get("model") or state["buffers"],
+                                       strict="model" in state)
+        dirs.load(name, lambda path: buckets.load_sharded(self.opt, path))
 
 
 class Zero3(AllReduce):
@@ -80,12 +88,12 @@ class Zero3(AllReduce):
     numbers of test batches, and a sharded forward is collective).
 
     Checkpoints are sharded: checkpoint.pt (rank 0, as for every strategy)
-    holds the run's position, schedule, loss scale and RNG and names a
-    directory beside it with one file per rank plus a manifest
-    (hpcdl/torch/zero/checkpoint.py), written first; a fresh directory per
+    holds the run's position, schedule, loss scale, RNG and the model's
+    buffers and names a directory beside it with one file per rank plus a
+    manifest (hpcdl/checkpoint/zero.py), written first; a fresh directory per
     save, so the rename of checkpoint.pt switches from one whole checkpoint
     to the next, and older directories are removed after. Resuming reshards
-    to the current rank count."""
+    to the current rank count, from any stage's checkpoint."""
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -156,22 +164,34 @@ class Zero3(AllReduce):
     # ------------------------------------------------------------ checkpoints
     def save(self, dirs):
         """Collective: writes this save's shard directory (dirs); returns what
-        checkpoint.pt holds (it names the directory)."""
+        checkpoint.pt holds (it names the directory, and holds the buffers)."""
         name = dirs.save(
-            lambda path: zero3_checkpoint.save_sharded(self.shards, path, self.opt))
+            lambda path: zero_checkpoint.save_sharded(self.shards, path, self.opt))
+        pieces = {n for n, *_ in self.shards.named_pieces()}
         return {"zero3": {"dir": name, "ranks": comm.size()},
+                "buffers": {k: v for k, v in self.model.state_dict().items()
+                            if k not in pieces},
                 "scheduler": self.sched.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": {"torch": torch.get_rng_state()}, "ranks": comm.size()}
 
-    def restore(self, state, dirs):
-        """checkpoint.load has checked that state is a --zero 3 checkpoint."""
-        dirs.load(state["zero3"]["dir"],
-                  lambda path: zero3_checkpoint.load_sharded(self.shards, path, self.opt))
-        self.sched.load_state_dict(state["scheduler"])
-        if self.scaler is not None and state["scaler"] is not None:
-            self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng"]["torch"])
+    def load_model_and_optimizer(self, state, dirs):
+        """Collective: this rank's pieces and their state from a directory of
+        pieces (any stage's, resharded to these units and ranks), or cut
+        from the whole model and optimizer a --zero 0 checkpoint holds."""
+        name = checkpoint.pieces_dir(state)
+        if name is None:
+            self.shards.load_full(state["model"])  # the buffers too
+            whole = Whole.of_torch(state["model"], state["optimizer"],
+                                   optimizer_names(self.model, self.opt))
+            zero_checkpoint.load_pieces(self.shards, self.opt, whole.piece, whole.piece_state,
+                                        whole.groups)
+            return
+        dirs.load(name, lambda path: zero_checkpoint.load_sharded(self.shards, path, self.opt))
+        pieces = {n for n, *_ in self.shards.named_pieces()}
+        buffers = {k: v for k, v in (state.get("model") or state.get("buffers") or {}).items()
+                   if k not in pieces}
+        self.model.load_state_dict(buffers, strict=False)
 
 
 def _names_of(model, groups):

@@ -1,5 +1,5 @@
 """zero3_checkpoint.py - run under mpirun: sharded checkpoints of a stage-3
-model and its optimizer (hpcdl.torch.zero.checkpoint), saved on one rank
+model and its optimizer (hpcdl.checkpoint.zero), saved on one rank
 count and loaded on the same or another.
 
 argv: save|load DIR [CASE...]: first zero3_exact.py's cases (tolerance 1e-6),
@@ -8,10 +8,11 @@ sizes, Adam, two parameter groups, StepLR). `save` (run it on 3 ranks) trains
 3 steps, saves to DIR, loads DIR into a fresh sharded model and optimizer on
 the same ranks and checks that both take bit-identical next steps; then the
 refusals: a manifest of another model, a missing rank file, another
-optimizer grouping, another optimizer class (SGD for Adam), a stage-2
-DistributedOptimizer's directory, a truncated rank file (torch's text quoted
-up to a sentence's end): a ValueError on every rank, and no file changed. A
-manifest from before the stage and optimizer class were recorded still loads.
+optimizer grouping, another optimizer class (SGD for Adam), a truncated rank
+file (torch's text quoted up to a sentence's end): a ValueError on every
+rank, and no file changed. A stage-2 DistributedOptimizer's directory of the
+same model loads (by name), and a manifest from before the stage and
+optimizer class were recorded still loads.
 `load` (run it on 2 ranks: resharding) loads DIR into a fresh model, trains
 3 more steps and compares with one process that trained all 6 steps (within
 1e-6 relative). Prints 'CKPT OK' per rank, exits non-zero on any failure."""
@@ -25,9 +26,9 @@ import torch
 import torch.nn as nn
 
 import hpcdl.torch as hvd
-from hpcdl.torch.zero import checkpoint12
-from hpcdl.torch.zero.checkpoint import load_sharded, save_sharded
-from hpcdl.utils.sharded import MANIFEST, shard_file as rank_file
+from hpcdl.checkpoint import buckets
+from hpcdl.checkpoint.files import MANIFEST, shard_file as rank_file
+from hpcdl.checkpoint.zero import load_sharded, save_sharded
 import zero_common
 from zero_common import digest
 from zero3_exact import B, N, R, Net, make_opt, run, train_step
@@ -110,17 +111,19 @@ if MODE == "save":
         with open(os.path.join(old, MANIFEST), "w") as f:
             json.dump(m, f)
     plain = Net()  # a stage-2 DistributedOptimizer's checkpoint of the same model
+    hvd.broadcast_parameters(plain.state_dict(), root_rank=0)
     stage2 = DIR + ".stage2"
-    checkpoint12.save_sharded(hvd.DistributedOptimizer(
+    buckets.save_sharded(hvd.DistributedOptimizer(
         make_opt(plain, "adam")[0], named_parameters=plain.named_parameters(), zero_stage=2),
         stage2)
     hvd.allgather_object(None)  # every rank waits for the copies
     copies = {d: digest(d) for d in (broken, cut, old, stage2)}
     refused("a missing rank file", "missing rank file(s) %s of %d; copy the whole directory "
             "as it was written" % (rank_file(1, N), N), lambda: load_sharded(s2, broken))
-    refused("a stage-2 checkpoint", "was saved by a ZeRO stage-2 DistributedOptimizer, not a "
-            "stage-3 model: load it with hpcdl.torch.zero.checkpoint12.load_sharded",
-            lambda: load_sharded(s2, stage2))
+    load_sharded(s2, stage2)  # its buckets joined by name, cut into s2's units
+    got = whole(s2)
+    if any(not torch.equal(got[k], v) for k, v in plain.state_dict().items()):
+        fails.append("a stage-2 checkpoint: other parameters loaded")
     text = zero_common.refused(fails, "a truncated rank file", "%s cannot be read (" %
                                rank_file(1, N), lambda: load_sharded(s2, cut))
     if not re.search(r"cannot be read \(damaged or cut short\? \w+: [^()]*[.?]( \.\.\.)?\); "

@@ -3,7 +3,7 @@
 `hpcdl run --max-restarts K` (cli/elastic_run.py) gives every attempt the
 same directory in HPCDL_ELASTIC_DIR (on the shared file system). Rank 0
 writes each commit there as a save of hpcdl's one sharded format
-(utils/sharded.py): a fresh directory commit-<time>-<pid> holding rank 0's
+(hpcdl/checkpoint/files.py): a fresh directory commit-<time>-<pid> holding rank 0's
 payload as its one file and a manifest written last, after which the older
 commits are removed. A crash mid-write leaves a directory without manifest,
 which load() passes over: the previous commit is read. The next attempt's
@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from ...utils import sharded
+from ...checkpoint import files as sharded
 
 PREFIX = "commit"     # the commit directories' names (sharded.new_dir_name)
 KIND = "elastic"      # the manifest's kind

@@ -1,4 +1,4 @@
-"""sharded.py - hpcdl's one on-disk checkpoint format: a directory with one
+"""files.py - hpcdl's one on-disk checkpoint format: a directory with one
 file per rank (or shard) and a manifest, written last.
 
     DIR/rank-00000-of-00002.pt   rank 0's part (torch.save of a dict)
@@ -16,10 +16,10 @@ ValueError with one line naming the file and what to do.
 
 This module only reads and writes files; the collectives around it (agreeing
 on the save's id, gathering the parts' entries to the rank that writes the
-manifest, raising on every rank) are the callers': hpcdl/torch/zero
-(stages 1-3, one file per rank), hpcdl/train/checkpoint.py (the trainer's
-replicated state at --zero 0, every --mode but ZeRO's: one file) and
-hpcdl/torch/elastic (commits: one file).
+manifest, raising on every rank) are the callers': zero.py and buckets.py
+(stages 1-3, one file per rank), root.py (the trainer's replicated state at
+--zero 0, every --mode but ZeRO's: one file) and hpcdl/torch/elastic/_store.py
+(commits: one file).
 
 Manifests of format 1 (ZeRO's before this module; no kind, no sizes or
 checksums) are read as before.
@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from .atomic import atomic_open, write_json
+from ..utils.atomic import atomic_open, write_json
 
 FORMAT = 2
 READS = (1, 2)  # the manifest formats this code reads
@@ -176,7 +176,7 @@ def read_shard(directory, manifest, rank, weights_only=True):
 # ---------------------------------------------------------------- one-file saves
 def write_single(directory, kind, part, **fields):
     """A save of one file (rank 0 of 1) and its manifest, by one process:
-    the trainer's replicated state (train/checkpoint.py), elastic's commits.
+    the trainer's replicated state (root.py), elastic's commits.
     An OSError with one line on failure."""
     save = new_save_id()
     entry = write_shard(directory, 0, 1, save, part)

@@ -1,28 +1,29 @@
-"""checkpoint12.py - sharded checkpoints of a ZeRO stage 1 or 2
+"""buckets.py - sharded checkpoints of a ZeRO stage 1 or 2
 DistributedOptimizer: one file per rank plus a manifest, in the format of
-stage 3's (checkpoint.py), resharded on load to any rank count.
+stage 3's (zero.py), resharded on load to any rank count and cut.
 
-    from hpcdl.torch.zero.checkpoint12 import save_sharded, load_sharded
+    from hpcdl.checkpoint.buckets import save_sharded, load_sharded
     save_sharded(opt, "ckpt/step-1000", extra={"scheduler": sched.state_dict()})
     extra = load_sharded(opt, "ckpt/step-1000")       # on any number of ranks
 
-Each fusion bucket is presented to checkpoint.py as a stage-3 unit: its
+Each fusion bucket is presented to zero.py as a stage-3 unit: its
 parameters' names, shapes and block counts, and this rank's piece of each
 (empty where the rank owns none). Each rank writes its pieces of the
 parameters and the optimizer state of them (Adam's moments: 1/N of the
 state, never gathered in one place); the load restores this rank's pieces
 and state and all-gathers the buckets, so every rank holds the whole model
 again. A split of M elements over N ranks always exists (ranks past M own
-nothing), so any rank count can load. `opt.state_dict()` stays the
-consolidated, unsharded dict (state.py).
+nothing), so any rank count can load, and a stage-3 model's directory
+loads as well (its units are joined by name and cut into these buckets).
+`opt.state_dict()` stays the consolidated, unsharded dict (torch/zero/state.py).
 """
 import torch
 
-from . import checkpoint
+from . import zero
 
 
 class _BucketUnit:
-    """One bucket as checkpoint.py sees a stage-3 unit."""
+    """One bucket as zero.py sees a stage-3 unit."""
 
     def __init__(self, shard, names):
         b = shard.bucket
@@ -106,23 +107,22 @@ def _sharding(opt):
 
 def save_sharded(opt, directory, extra=None):
     """Collective: every rank writes its pieces and their optimizer state,
-    then rank 0 the manifest (atomic; checkpoint.py)."""
+    then rank 0 the manifest (atomic; zero.py)."""
     z = _sharding(opt)
     layout = _Layout(z)
-    checkpoint.save_sharded(layout, directory, _AllPieces(z, layout), extra,
-                            stage=opt.zero_stage)
+    zero.save_sharded(layout, directory, _AllPieces(z, layout), extra,
+                      stage=opt.zero_stage)
 
 
 def load_sharded(opt, directory):
     """Collective: this rank's pieces and state from directory (saved on any
-    rank count), then the parameters all-gathered. A stage-3 checkpoint, or
-    one of another model, parameter order, optimizer class or grouping, or
-    with a rank file missing, is a ValueError on every rank; nothing on disk
+    rank count, by any stage), then the parameters all-gathered. One of
+    another model, parameter order, optimizer class or grouping, or with a
+    rank file missing, is a ValueError on every rank; nothing on disk
     changes. Returns the saved extra."""
     z = _sharding(opt)
     layout = _Layout(z)
-    extra = checkpoint.load_sharded(layout, directory, _AllPieces(z, layout),
-                                    stage=opt.zero_stage)
+    extra = zero.load_sharded(layout, directory, _AllPieces(z, layout))
     # the wrapped optimizer's load replaced its groups and state: the wrapper
     # (which LR schedulers step) must hand out the new ones, as its own load does
     opt.param_groups, opt.state = z.inner.param_groups, z.inner.state
