@@ -92,11 +92,13 @@ def test_exit_watchdog_ends_a_process_stuck_at_exit():
 # can be waiting in when the victim dies: the ring, MPI's own collective, the
 # hierarchical path across 2x2 virtual nodes (cross ring + shared memory), the
 # engine's queue (async), node shared buffers (work stealing in shared memory), an
-# object collective (mpi4py's, through hpcdl.comm); and two ranks killed at once
+# object collective (mpi4py's, through hpcdl.comm), all-gather / broadcast /
+# reduce-scatter (ring and MPI's); and two ranks killed at once
 CASES = [("3", 2, "blocking", "ring", 0), ("0", 3, "blocking", "ring", 0),
          ("0", 2, "blocking", "mpi", 0), ("3", 2, "blocking", "hier", 2),
          ("0", 2, "async", "ring", 0), ("2", 2, "async", "auto", 0),
          ("1", 2, "shared", "auto", 0), ("3", 2, "object", "ring", 0),
+         ("2", 2, "others", "ring", 0), ("1", 2, "others", "mpi", 0),
          ("1,3", 2, "blocking", "ring", 0), ("0,2", 2, "async", "hier", 2)]  # two at once
 
 
@@ -128,7 +130,7 @@ def test_survivors_of_a_killed_rank_shrink_and_allreduce_again(tmp_path, victim,
     assert all(lost == ", ".join(map(str, victims)) for _, lost, *_ in survived), out
     # each survivor's error names lost ranks (all of them: one victim; some: two at once)
     errors = re.findall(r"rank \d+: \d+ error\(s\): (ranks? [^|]*?) lost during "
-                        r"(?:allreduce|allgather_object)", out)
+                        r"(?:allreduce|allgather_object|allgather)", out)
     named = [RanksLostError(e + " lost").ranks for e in errors]
     assert len(named) == 4 - len(victims), out
     assert all(n and set(n) <= set(victims) for n in named), out

@@ -10,8 +10,10 @@ MODE: blocking | async (every size of a step queued on the engine, then waited:
 the one the victim queued before it died may complete, correct; every handle after
 the first failed one must fail the same way) | shared (in-place all-reduce
 of node shared buffers: the shared-memory wait must notice the dead local peer) |
-object (the victim dies before an allgather_object, which must raise it too).
-ALGO: auto | ring | hier | mpi. The victim writes time.time() to KILLFILE just
+object (the victim dies before an allgather_object, which must raise it too) |
+others (before an all-gather; all-gather, broadcast and reduce-scatter are checked
+against MPI's before the kill and after the shrink).
+ALGO: auto | ring | hier | mpi (others: ring or mpi). The victim writes time.time() to KILLFILE just
 before it dies. Data depend on rank and position: x[i] = (i % 97 + 1) * (w + 1) +
 step, w the rank's world rank; every result is checked against MPI_Allreduce on
 the same communicator and against the sum over the ranks alive (exact in
@@ -69,6 +71,27 @@ def check(out, n, step):
                                       expected(n, step)[bad]))
 
 
+def check_others(n, step):
+    """all-gather, broadcast (from the last rank) and reduce-scatter of n elements,
+    each against MPI's own on the same communicator."""
+    x = data(world_rank, n, step)
+    gathered = c.allgather(x, counts=[n] * c.size, algorithm=algo)  # the core's own
+    ref = np.empty(n * c.size, dtype=np.float32)
+    c.mpi.Allgather(x, ref)
+    b = x.copy()
+    c.broadcast(b, root=c.size - 1, algorithm=algo)
+    ref_b = x.copy()
+    c.mpi.Bcast(ref_b, root=c.size - 1)
+    counts = [n // c.size + (1 if r < n % c.size else 0) for r in range(c.size)]
+    scattered = c.reduce_scatter(x, algorithm=algo)
+    ref_s = np.empty(counts[c.rank], dtype=np.float32)
+    c.mpi.Reduce_scatter(x, ref_s, recvcounts=counts)
+    for what, out, want in (("allgather", gathered, ref), ("broadcast", b, ref_b),
+                            ("reduce_scatter", scattered, ref_s)):
+        if not np.array_equal(out, want):
+            sys.exit("rank %d: wrong %s of %d at step %d" % (world_rank, what, n, step))
+
+
 def one_step(step):
     """All sizes of one step; the victim dies before the second one at kill_step."""
     if mode == "async":
@@ -103,6 +126,8 @@ def one_step(step):
             got = c.allgather_object((world_rank, step))
             if got != [(w, step) for w in alive]:
                 sys.exit("rank %d: allgather_object gave %s" % (world_rank, got))
+        if mode == "others" and k == 1:  # the core's other collectives
+            check_others(n, step)
         x = buffer_for(n, step)
         algorithm = "auto" if mode == "shared" else algo
         check(c.allreduce(x, algorithm=algorithm), n, step)
