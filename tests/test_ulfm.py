@@ -10,6 +10,7 @@ the skip a failure. The one-process cases run everywhere: the error's ranks,
 `hpcdl run --fault-tolerant` (refused in one line on an MPI without ULFM, the
 launcher's ULFM flags on Open MPI 5), the log line of the path in force.
 """
+import json
 import os
 import re
 import subprocess
@@ -75,6 +76,13 @@ def test_run_fault_tolerant_flag():
         assert "--fault-tolerant needs an MPI with ULFM" in lines[0], lines[0]
 
 
+def test_info_says_whether_the_mpi_has_ulfm():
+    out = subprocess.run(hpcdl_cmd("info", "--json"), capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["ulfm"] is (WHY_NOT is None), out.stdout
+
+
 def test_exit_watchdog_ends_a_process_stuck_at_exit():
     """After a lost rank, Open MPI 5's MPI_Finalize may wait for the dead process
     (open-mpi/ompi#11404): hpcdl.comm's exit hook then gives it 10 s and ends the
@@ -91,13 +99,14 @@ def test_exit_watchdog_ends_a_process_stuck_at_exit():
 # (victim, step of the kill, mode, algorithm, HPCDL_LOCAL_SIZE): each path a survivor
 # can be waiting in when the victim dies: the ring, MPI's own collective, the
 # hierarchical path across 2x2 virtual nodes (cross ring + shared memory), the
-# engine's queue (async), node shared buffers (work stealing in shared memory), an
+# engine's queue (async), node shared buffers (work stealing in shared memory on
+# one node; shared memory and the cross ring on 2x2), an
 # object collective (mpi4py's, through hpcdl.comm), all-gather / broadcast /
 # reduce-scatter (ring and MPI's); and two ranks killed at once
 CASES = [("3", 2, "blocking", "ring", 0), ("0", 3, "blocking", "ring", 0),
          ("0", 2, "blocking", "mpi", 0), ("3", 2, "blocking", "hier", 2),
          ("0", 2, "async", "ring", 0), ("2", 2, "async", "auto", 0),
-         ("1", 2, "shared", "auto", 0), ("3", 2, "object", "ring", 0),
+         ("1", 2, "shared", "auto", 0), ("3", 2, "shared", "auto", 2), ("3", 2, "object", "ring", 0),
          ("2", 2, "others", "ring", 0), ("1", 2, "others", "mpi", 0),
          ("1,3", 2, "blocking", "ring", 0), ("0,2", 2, "async", "hier", 2)]  # two at once
 
