@@ -121,6 +121,18 @@ def test_the_json_is_strict_and_the_table_says_what_inf_means(tmp_path, capsys):
         in out, out
 
 
+def test_diverged_reads_the_runs_of_the_json_back():
+    """The JSON holds a nan loss as the string "nan" (strict_json); diverged()
+    judges those records as the run's own (it raised TypeError on them, as in
+    the end-to-end study's check of its JSON)."""
+    import json
+    bad, good = _epochs([0.5, 0.9], 10), _epochs([0.5, 0.9], 10)
+    bad[0]["loss"] = math.nan
+    back = json.loads(json.dumps(lb.strict_json([bad, good]), allow_nan=False))
+    assert back[0][0]["loss"] == "nan"
+    assert lb.diverged(back[0], 0.1) and not lb.diverged(back[1], 0.1)
+
+
 def test_no_noise_scale_check_without_two_global_batches_of_data(tmp_path):
     """digits (1437 training samples) at batch 1024: the check at the final
     weights needs two global batches; it crashed (reshape) after the run."""

@@ -166,8 +166,9 @@ def chance_accuracy(spec, seed=0):
 
 def diverged(epochs, chance=None):
     """Whether a run's records say it diverged: a loss that is not finite, or
-    a final test accuracy at chance (at most chance + CHANCE_MARGIN)."""
-    if not all(math.isfinite(e["loss"]) for e in epochs):
+    a final test accuracy at chance (at most chance + CHANCE_MARGIN). Records
+    read back from the JSON too (a loss of "nan" there: strict_json)."""
+    if not all(math.isfinite(float(e["loss"])) for e in epochs):
         return True
     return chance is not None and epochs[-1]["test_accuracy"] <= chance + CHANCE_MARGIN
 
