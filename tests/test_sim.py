@@ -172,6 +172,9 @@ def test_units():
     assert units.parse_beta("0.1ns") == pytest.approx(1e-10)
     assert units.parse_beta("10GB/s") == pytest.approx(1e-10)
     assert units.parse_beta("800MB/s") == pytest.approx(1 / 800e6)
+    # the form hpcdl prints ("beta 0.08 ns/B (12.5 GB/s)") reads back
+    assert units.parse_beta(units.format_beta(8e-11).split(" (")[0]) == pytest.approx(8e-11)
+    assert units.parse_beta("0.08ns/B") == pytest.approx(8e-11)
     for bad in ("fast", "5 parsecs", "-1us"):
         with pytest.raises(ValueError, match="bad alpha"):
             units.parse_time(bad)

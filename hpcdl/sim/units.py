@@ -44,13 +44,14 @@ def parse_time(text, what="alpha"):
 
 
 def parse_beta(text, what="beta"):
-    """Seconds per byte: '0.1ns' -> 1e-10, '1e-10s', or a bandwidth:
+    """Seconds per byte: '0.1ns' (or '0.1 ns/B', as format_beta writes it) ->
+    1e-10, '1e-10s', or a bandwidth:
     '10GB/s' -> 1e-10 (GB = 1e9 bytes), '50Gb/s' or '50Gbit/s' (bits) -> 1.6e-10;
     '0' is 0. A bandwidth must be > 0."""
     bare = _bare(text, what, "a time per byte (%sns) or a bandwidth (%sGB/s)")
     if bare is not None:
         return bare
-    time = _split(text, _TIME_UNITS)
+    time = _split(re.sub(r"\s*/\s*B$", "", str(text).strip()), _TIME_UNITS)  # '/B': per byte
     if time is not None:
         return time[0] * time[1]
     # network data sheets give bits: '50Gb/s' (a capital prefix, small b) and
