@@ -39,9 +39,13 @@ int hpcdl_ctx_create(MPI_Comm comm, int local_size, hpcdl_ctx **out) {
 }
 
 // Collective over the context (frees its communicators): every rank, after
-// its last collective on it.
+// its last collective on it. A lost context (fault.c) is abandoned instead.
 int hpcdl_ctx_destroy(hpcdl_ctx *ctx) {
     if (!ctx) return HPCDL_OK;
+    if (hpcdl_ctx_is_lost(ctx)) { // a peer is gone: nothing collective can finish
+        hpcdl_ctx_abandon(ctx);
+        return HPCDL_OK;
+    }
     hpcdl_stall_stop(ctx);
     hpcdl_engine_stop(ctx);
     int rc = hpcdl_team_free(&ctx->eng);

@@ -206,6 +206,10 @@ int hpcdl_team_check_peers(hpcdl_team *t) {
 // ----------------------------------------------------------------------------
 // public calls
 
+int hpcdl_ctx_is_lost(const hpcdl_ctx *ctx) {
+    return __atomic_load_n(&ctx->lost, __ATOMIC_ACQUIRE) != 0;
+}
+
 int hpcdl_lost_ranks(const hpcdl_ctx *ctx, int *ranks, int max) {
     if (__atomic_load_n(&ctx->lost, __ATOMIC_ACQUIRE) != 2) return 0;
     int n = ctx->nlost < max ? ctx->nlost : max;

@@ -147,7 +147,10 @@ def _abort_on_exception(exc_type, exc, tb):
 
 def _shutdown_at_exit():
     # collective, like MPI_Finalize that follows it: stops the engine and the
-    # stall inspector's heartbeat before MPI goes away
+    # stall inspector's heartbeat before MPI goes away (a world that lost a
+    # rank and was not shrunk: locally, src_c/fault.c)
+    global _lost_seen
+    _lost_seen = _lost_seen or (_world is not None and _world.is_lost())
     try:
         shutdown()
     except Exception as e:  # exit must go on

@@ -222,6 +222,11 @@ class Communicator:
         new.shrink_s = MPI.Wtime() - t0
         return new
 
+    def is_lost(self):
+        """True once a rank of this communicator was lost (a RanksLostError was
+        raised, ULFM) or shrink() revoked it; then close() frees it locally."""
+        return self._ctx.is_lost()
+
     def _ctx_closed(self):
         try:
             self._ctx.lost_ranks()

@@ -109,6 +109,9 @@ int hpcdl_ctx_destroy(hpcdl_ctx *ctx);
 
 // 1 if the core was compiled against an MPI with ULFM.
 int hpcdl_built_with_ulfm(void);
+// Local call: 1 once the context is lost (a peer failed, or hpcdl_ctx_revoke);
+// hpcdl_ctx_destroy then abandons it instead of freeing it collectively.
+int hpcdl_ctx_is_lost(const hpcdl_ctx *ctx);
 // Local call: the lost ranks this rank knows of (ranks of the context's
 // communicator), at most max of them; returns how many (0 when none).
 int hpcdl_lost_ranks(const hpcdl_ctx *ctx, int *ranks, int max);

@@ -132,6 +132,10 @@ static PyObject *Context_lost_ranks(ContextObject *self, PyObject *noargs) {
     return out;
 }
 
+static PyObject *Context_is_lost(ContextObject *self, PyObject *noargs) {
+    return PyBool_FromLong(self->ctx && hpcdl_ctx_is_lost(self->ctx));
+}
+
 static PyObject *Context_topology(ContextObject *self, PyObject *noargs) {
     hpcdl_ctx *c = hpcdl_py_ctx(self);
     if (!c) return NULL;
@@ -218,6 +222,7 @@ static PyMethodDef Context_methods[] = {
     {"choose_algo", (PyCFunction)Context_choose_algo, METH_VARARGS, "choose_algo(bytes) -> name"},
     {"revoke", (PyCFunction)Context_revoke, METH_VARARGS, "revoke(why=None): local; marks the context lost and revokes its communicators (ULFM)"},
     {"abandon", (PyCFunction)Context_abandon, METH_NOARGS, "abandon(): local end of a lost context: threads stopped, memory freed, MPI objects left to MPI_Finalize"},
+    {"is_lost", (PyCFunction)Context_is_lost, METH_NOARGS, "is_lost() -> True once a peer was lost (ULFM) or revoke() was called; False after close()"},
     {"lost_ranks", (PyCFunction)Context_lost_ranks, METH_NOARGS, "lost_ranks() -> the ranks this rank knows were lost (empty while none)"},
     {NULL, NULL, 0, NULL}};
 

@@ -2,9 +2,11 @@
 rank SIGKILLs itself inside a loop of all-reduces; the survivors must each get one
 RanksLostError naming it, shrink to the others, and all-reduce correctly again.
 
-    python ulfm_lost_rank.py VICTIMS STEP MODE ALGO KILLFILE
+    python ulfm_lost_rank.py VICTIMS STEP MODE ALGO KILLFILE [shrink|exit]
 
-VICTIMS: one rank, or several (1,3) that die at the same point.
+VICTIMS: one rank, or several (1,3) that die at the same point. exit: the survivors
+print 'LEFT world W: lost [...]' after the error and end their script without a
+shrink (hpcdl's shutdown at exit must then free the lost core locally, not hang).
 
 MODE: blocking | async (every size of a step queued on the engine, then waited:
 the one the victim queued before it died may complete, correct; every handle after
@@ -33,6 +35,7 @@ from hpcdl import comm
 victims, kill_step, mode, algo, killfile = ([int(v) for v in sys.argv[1].split(",")],
                                             int(sys.argv[2]), sys.argv[3], sys.argv[4],
                                             sys.argv[5])
+after = sys.argv[6] if len(sys.argv) > 6 else "shrink"
 SIZES = [1, 3, 1000, 65537, 300001]  # < ranks, odd, not a multiple of 4, 1.2 MiB
 STEPS_AFTER = 4
 
@@ -172,6 +175,9 @@ if not lost or not set(lost) <= set(victims) or (len(victims) == 1 and lost != v
 if mode == "async" and len(errors) < len(SIZES) - 1:  # the victim queued at most the first
     sys.exit("rank %d: only %d of %d handles failed" % (world_rank, len(errors), len(SIZES)))
 
+if after == "exit":  # no shrink: the survivors end their script; exit must not hang
+    print("LEFT world %d: lost %s" % (world_rank, lost), flush=True)
+    sys.exit(0)
 c = comm.shrink()
 alive = [w for w in alive if w not in victims]
 shared = {}
