@@ -140,6 +140,18 @@ def test_no_noise_scale_check_without_two_global_batches_of_data(tmp_path):
     assert lb.noise_scale_check(cfg, str(tmp_path / "no-model-needed"), 256) is None
 
 
+def test_the_study_caps_a_recipes_warmup_as_its_help_says():
+    """--warmup-epochs' help said a recipe's own warmup 'must fit in --epochs';
+    the runs cap it at half of --epochs (config.fit_recipe), as train does."""
+    from hpcdl.cli.main import build_parser, parsers
+    from hpcdl.train.config import with_recipe
+    opts = lb.Options(batches=[64], recipes=["lamb"], epochs=3)
+    cfg = with_recipe(lb.TrainConfig(**lb.run_values(opts, "lamb", 64, 0, None)))
+    assert cfg.warmup_epochs == 1.5
+    (bench,) = [p for p in parsers(build_parser()) if p.prog == "hpcdl bench large-batch"]
+    assert "capped at half of --epochs" in " ".join(bench.format_help().split())
+
+
 def test_cli_reads_auto_in_any_position_and_checks_it_before_any_rank():
     from hpcdl.cli.bench_large_batch import _batches, check_configs
     from hpcdl.cli.main import UsageError

@@ -50,7 +50,8 @@ def register(sub):
     p.add_argument("--model", default="cnn1d", help="as hpcdl train --model (default cnn1d)")
     p.add_argument("--warmup-epochs", type=float, default=None,
                    help="warmup of the recipes that warm up (goyal, lars, lamb; plain keeps "
-                        "none); default: each recipe's own, which must fit in --epochs")
+                        "none); default: each recipe's own, capped at half of --epochs as hpcdl "
+                        "train caps it")
     p.add_argument("--target", type=float, default=None,
                    help="target test accuracy (default: baseline's minus --target-drop)")
     p.add_argument("--target-drop", type=float, default=0.01,
