@@ -83,7 +83,8 @@ STRATEGIES = {"allreduce": AllReduce, "ps-bsp": ParameterServer, "ps-asp": Param
 
 def train(cfg):
     """Runs cfg on the ranks of this job (collective). Returns the summary dict
-    (the same on every rank), or None when a signal stopped the run early."""
+    (the same on every rank), or None when a signal stopped the run early or
+    the checkpoint resumed holds a complete run (nothing is trained then)."""
     t_start = time.perf_counter()
     stop = StopRequest()  # before the slow setup: a signal during it is not lost
 
@@ -103,6 +104,9 @@ def train(cfg):
     run = Run(cfg, ds, model, strategy, checkpoint.SaveDirs(cfg, strategy.save_prefix))
     run.auto = AutoBatch(cfg, strategy, ds) if getattr(cfg, "auto_batch", False) else None
     resume_or_start(run)
+    if run.global_step and finished(run):  # resumed from a complete run: say so, train nothing
+        stop.restore()
+        return None
     comm.print0("hpcdl train: " + strategy.describe(ds))
     if run.auto is not None:
         comm.print0("hpcdl train: " + run.auto.describe())
@@ -125,9 +129,6 @@ def train(cfg):
     finally:
         reporter.close()
         stop.restore()
-    if rec is None:  # resumed from a checkpoint of a finished run
-        test_loss, test_acc = evaluate(model, ds, strategy.device, cfg.precision)
-        rec = dict(test_loss=test_loss, test_accuracy=test_acc)
     summary = summarize(run, rec, time.perf_counter() - t_start, extra)
     reporter.finish(summary, model)
     return summary
@@ -150,6 +151,8 @@ class Run:
     train_time: float = 0.0     # seconds in completed epochs' training loops
     train_samples: int = 0
     eval_time: float = 0.0      # this rank's seconds in the epochs' evaluations
+    save_time: float = 0.0      # this rank's seconds writing checkpoints, this process
+    resumed_times: tuple = (0.0, 0.0)  # train_time, eval_time the checkpoint brought
     target: dict = None         # when --target-accuracy was first reached (see reach_target)
     auto: object = None         # --global-batch auto's goodput.AutoBatch, else None
 
@@ -223,7 +226,14 @@ def resume_or_start(run):
     run.sums = dict(state.get("sums", zero_sums()))
     run.train_time, run.train_samples = state["train_time"], state["train_samples"]
     run.eval_time = state.get("eval_time", 0.0)
+    run.resumed_times = (run.train_time, run.eval_time)
     run.target = kept_target(state.get("target"), run.cfg.target_accuracy)
+    if finished(run):
+        comm.print0("hpcdl train: %s holds a complete run (%d steps, up to epoch %d of %d): "
+                    "nothing left to train. To train anew, give another --checkpoint-dir or "
+                    "leave out --resume" % (path, run.global_step, run.epoch - 1,
+                                            run.cfg.epochs))
+        return
     comm.print0("hpcdl train: resumed from %s at %s" % (path, position_text(run)))
 
 
@@ -256,9 +266,11 @@ def state_of(run):
 def save_checkpoint(run):
     """The strategy's save directory first, then checkpoint.pt naming it
     (the commit); then the save directories it no longer names go."""
+    t0 = time.perf_counter()
     path = checkpoint.path_in(run.cfg.checkpoint_dir)
     checkpoint.save(path, state_of(run))
     run.dirs.written()
+    run.save_time += time.perf_counter() - t0
     return path
 
 
@@ -431,14 +443,27 @@ def target_fields(run):
 
 
 # ---------------------------------------------------------------- the summary
+def wall_parts(run, wall):
+    """Where this process's wall time went (collective: means over ranks):
+    training loops, evaluations, checkpoint writes, and the rest (start-up:
+    MPI, data, model, resume; the summary)."""
+    train = run.train_time - run.resumed_times[0]
+    evals, saves = global_sums(run.eval_time - run.resumed_times[1], run.save_time)
+    evals, saves = evals / comm.size(), saves / comm.size()
+    return dict(training=train, evaluation=evals, checkpoints=saves,
+                start_up_and_other=max(wall - train - evals - saves, 0.0))
+
+
 def summarize(run, rec, wall, extra):
-    """The run's summary, the same on every rank; extra: the strategy's fields."""
+    """The run's summary, the same on every rank; extra: the strategy's fields.
+    b_simple: the last epoch's gradient noise scale (2+ ranks), else None."""
     hosts = comm.allgather_object(socket.gethostname())
     cfg = run.cfg
     return dict(
         test_accuracy=rec["test_accuracy"], test_loss=rec["test_loss"],
         samples_per_s=run.train_samples / run.train_time if run.train_time else 0.0,
-        wall_s=wall, ranks=comm.size(), nodes=len(set(hosts)),
+        wall_s=wall, wall_parts_s=wall_parts(run, wall), b_simple=rec.get("b_simple"),
+        ranks=comm.size(), nodes=len(set(hosts)),
         global_batch=cfg.global_batch, model=cfg.model, data=cfg.data, epochs=cfg.epochs,
         steps=run.global_step, mode=cfg.mode, params_sha256=params_digest(run.model),
         recipe=cfg.recipe, **target_fields(run), **extra)
