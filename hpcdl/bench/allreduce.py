@@ -38,7 +38,7 @@ from . import device as dev  # --device cuda: the buffers as CUDA tensors
 from ..vcluster import floor as net_floor  # the network floor across vcluster hosts
 from .. import comm
 from .._version import __version__
-from ..utils.atomic import write_json
+from ..utils import atomic
 
 # hpcdl's algorithms (the C core); "shared" is auto on a buffer in node shared
 # memory (Communicator.shared_buffer), as DistributedOptimizer's buckets are
@@ -496,7 +496,7 @@ def _fmt(value, spec):
 def write_json(path, job, copy_bw, check, rows, summary):
     doc = dict(job, copy_bw_GBps=copy_bw, copy_bw_bytes=HEADER_COPY_BYTES,
                check=check, rows=rows, summary=summary)
-    write_json(path, doc, indent=1)
+    atomic.write_json(path, doc, indent=1)
 
 
 def write_csv(path, rows):

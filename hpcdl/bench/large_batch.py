@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from .. import comm
 from ..train import TrainConfig, train
 from ..train.config import load_recipe, with_recipe
+from ..utils.atomic import write_json
 
 AUTO = "auto"  # the batch of a --global-batch auto run (Options.auto)
 CHANCE_MARGIN = 0.01  # a run ending within this of chance accuracy learned nothing
@@ -393,12 +394,12 @@ def run(opts):
     print_table(rows, a0, target, opts, chance)
     print_comparison(compared)
     if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(strict_json(dict(a0=a0, target=target, chance=chance,
-                                       ranks=comm.size(), epochs=opts.epochs, data=opts.data,
-                                       model=opts.model, modes=opts.modes, rows=rows,
-                                       runs=runs, mode_comparison=compared)),
-                      f, indent=1, allow_nan=False)
+        write_json(opts.json, strict_json(dict(a0=a0, target=target, chance=chance,
+                                               ranks=comm.size(), epochs=opts.epochs,
+                                               data=opts.data, model=opts.model,
+                                               modes=opts.modes, rows=rows, runs=runs,
+                                               mode_comparison=compared)),
+                   indent=1, allow_nan=False)
         print("json: %s" % opts.json)
     if opts.plot:
         plot(rows, target, opts.plot)

@@ -5,7 +5,7 @@ from dataclasses import asdict
 
 from . import cost
 from .units import format_beta, format_time
-from ..utils.atomic import write_json
+from ..utils import atomic
 
 
 def header(work, net, flat):
@@ -67,7 +67,7 @@ def render(rows, work, net):
 def write_json(path, rows, work, net):
     doc = {"workload": asdict(work), "nbytes": work.nbytes, "network": asdict(net),
            "formulas": cost.FORMULAS, "rows": [asdict(r) for r in rows]}
-    write_json(path, doc, indent=1)
+    atomic.write_json(path, doc, indent=1)
 
 
 def write_plot(path, rows, work, net=None):
