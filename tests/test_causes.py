@@ -242,3 +242,18 @@ def test_a_missing_script_is_refused_before_launching(tmp_path, capsys):
     assert "is a directory" in capsys.readouterr().err
     assert run.python_script(["-c", "x.py"]) is None and run.python_script(["-m", "a"]) is None
     assert run.python_script(["-X", "dev", "a.py", "b.py"]) == "a.py"
+
+
+def test_a_held_traceback_of_a_job_that_succeeded_is_shown():
+    """A script may print an hpcdl error it caught (traceback.print_exc()) and go
+    on: when the job succeeds, the traceback the Sieve held back is shown."""
+    out = io.StringIO()
+    s = causes.Sieve(out)
+    block = ["Traceback (most recent call last):\n", '  File "t.py", line 2, in <module>\n',
+             "hpcdl.comm.errors.MismatchError: caught and printed\n"]
+    for line in block + ["done\n"]:
+        s.feed(line)
+    s.run(io.BytesIO(b""))
+    assert out.getvalue() == "done\n"
+    s.finish(failed=False)
+    assert out.getvalue() == "done\n" + "".join(block) and s.path is None

@@ -102,6 +102,7 @@ class Sieve:
         self._held = []     # ending noise seen before any cause: decided at the end
         self.tracebacks = 0  # traceback lines logged (what makes the log worth keeping)
         self._tb = None     # lines of a plain traceback, until its last line
+        self._plain = []    # plain tracebacks taken as causes (shown after all if the job succeeds)
 
     def log(self, line):
         if self._log is None:
@@ -160,6 +161,7 @@ class Sieve:
         for text in block:
             self.log(text)
         self.tracebacks += len(block)
+        self._plain.append("".join(block))
         self._add(ours.group(1) if ours else "error", ours.group(2) if ours else hint, None)
 
     def _noise(self, lines):
@@ -219,7 +221,11 @@ class Sieve:
 
     def finish(self, failed):
         """The launcher's lines at the job's end (summary()); the log is kept
-        only when the job failed and it holds tracebacks, else removed."""
+        only when the job failed and it holds tracebacks, else removed. A job
+        that succeeded shows the plain tracebacks it held back (a script that
+        caught an error and printed it went on)."""
+        if not failed and self._plain:
+            self._show("".join(self._plain))
         if self._log is not None:
             self._log.close()
             self._log = None
