@@ -83,6 +83,18 @@ def test_info_says_whether_the_mpi_has_ulfm():
     assert json.loads(out.stdout)["ulfm"] is (WHY_NOT is None), out.stdout
 
 
+def test_shrink_without_ulfm_in_force_is_one_clear_error():
+    """Outside a job started with ULFM (any MPI), shrink() refuses before it
+    touches anything."""
+    code = ("from hpcdl import comm\nc = comm.init()\ntry:\n    c.shrink()\n"
+            "except comm.CoreError as e:\n    print('REFUSED', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMPI_MCA_mpi_ft_enable"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "REFUSED shrink() needs MPI's fault tolerance (ULFM" in out.stdout, out.stdout
+
+
 def test_exit_watchdog_ends_a_process_stuck_at_exit():
     """After a lost rank, Open MPI 5's MPI_Finalize may wait for the dead process
     (open-mpi/ompi#11404): hpcdl.comm's exit hook then gives it 10 s and ends the

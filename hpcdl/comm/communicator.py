@@ -199,10 +199,16 @@ class Communicator:
         split() from it) is abandoned without communication: its MPI objects
         are left to MPI_Finalize. Shared buffers (shared_buffer) of this one
         stay readable but are no longer shared: make new ones."""
+        if not self._ulfm:
+            raise CoreError("shrink() needs MPI's fault tolerance (ULFM: Open MPI 5 with its "
+                            "ftmpi extension, the job started by hpcdl run --fault-tolerant); "
+                            "here a lost rank ends the job (docs/fault-tolerance.md)")
         t0 = MPI.Wtime()
         for c in [*self._children, self]:
-            if not c._ctx_closed():
+            try:
                 c._ctx.revoke("shrink")
+            except CoreError:
+                pass  # closed already
         try:
             self.mpi.Revoke()
         except MPI.Exception:
@@ -226,13 +232,6 @@ class Communicator:
         """True once a rank of this communicator was lost (a RanksLostError was
         raised, ULFM) or shrink() revoked it; then close() frees it locally."""
         return self._ctx.is_lost()
-
-    def _ctx_closed(self):
-        try:
-            self._ctx.lost_ranks()
-            return False
-        except CoreError:
-            return True
 
     def _lost_object_call(self, what, exc):
         """RanksLostError for an mpi4py call that failed with a ULFM class:
