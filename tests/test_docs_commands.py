@@ -30,8 +30,8 @@ from hpcdl.cli import main as cli_main
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HPCDL = re.compile(r"^(?:\$ )?(?:\S*/)?hpcdl(?=\s|$)")  # hpcdl, $ hpcdl, .venv/bin/hpcdl
 # what may stand before hpcdl on a command line: sudo, VAR=value, a launcher and its options
-LAUNCHER = re.compile(r"^(?:\$ )?(?:sudo\s+|[A-Za-z_]\w*=\S*\s+|(?:mpirun|mpiexec|srun)\s+"
-                      r"(?:(?!(?:\S*/)?hpcdl\s)\S+\s+)*)+(?=(?:\S*/)?hpcdl\s)")
+PREFIX = re.compile(r"sudo|[A-Za-z_]\w*=\S*|mpirun|mpiexec|srun")
+LAUNCHERS = ("mpirun", "mpiexec", "srun")
 OUTPUT = re.compile(r"^\s*(?:[\w-]+\s+)?[\w-]+:(\s|$)")  # 'hpcdl data verify: ...'
 SHELL = ("|", "&&", ";", ">", "2>&1")  # where a shell line's hpcdl command ends
 COMMENT = re.compile(r"\s{2,}[#(].*$")  # '  # ...' or, in --help texts, '  (...)'
@@ -51,13 +51,30 @@ def code_lines(text):
         prev_blank = not line.strip()
 
 
+def without_prefix(line):
+    """line from its hpcdl word on where sudo, VAR=value or a launcher (with
+    its options) stands before it; else line as it is."""
+    words = line.split()
+    if words[:1] == ["$"]:
+        words = words[1:]
+    k = 0
+    while k < len(words) and PREFIX.fullmatch(words[k]):
+        if words[k] in LAUNCHERS:  # its options, up to hpcdl
+            while k + 1 < len(words) and not HPCDL.match(words[k + 1]):
+                k += 1
+        k += 1
+    if k == 0 or k == len(words) or not HPCDL.match(words[k]):
+        return line
+    return " ".join(words[k:])
+
+
 def commands_in(lines, name):
     """[(where, argv)] of the hpcdl commands in [(line number, text)] of the
     file or help text called name; argv without the leading hpcdl, comments
     cut off."""
     out, lines = [], [(number, COMMENT.sub("", line)) for number, line in lines]
     for k, (number, line) in enumerate(lines):
-        line = LAUNCHER.sub("", line)  # 'srun -n 64 hpcdl train ...': the hpcdl command
+        line = without_prefix(line)  # 'srun -n 64 hpcdl train ...': the hpcdl command
         m = HPCDL.match(line)
         if not m:
             continue
