@@ -4,6 +4,8 @@ import os
 import shutil
 import subprocess
 
+from ..utils.atomic import atomic_open
+
 
 class SubmitError(RuntimeError):
     """sbatch is missing or refused the job; the message is Slurm's."""
@@ -18,7 +20,7 @@ def sbatch(script, save=None, timeout=120):
                           "the script with `hpcdl slurm render ... > job.sbatch` and submit "
                           "it there")
     if save:
-        with open(save, "w") as f:
+        with atomic_open(save, "w", durable=False) as f:
             f.write(script)
         os.chmod(save, 0o755)
         line, stdin = [exe, "--parsable", save], None
