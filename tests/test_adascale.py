@@ -100,6 +100,9 @@ def test_scale_invariant_scheduler_reads_the_base_schedule_at_the_progress():
     (dict(compression="topk:0.1"), 2, "does not work with --compression topk:0.1"),
     (dict(), 1, "does not work with 1 rank"),
     (dict(global_batch=64, base_batch=128), 2, "needs --global-batch (64) >= --base-batch"),
+    # auto brings adascale itself: the line names auto, not a flag the user never gave
+    (dict(global_batch="auto"), 1, "--global-batch auto (its lr is AdaScale's) does not work "
+                               "with 1 rank"),
 ])
 def test_config_refuses(fields, size, message):
     cfg = TrainConfig(**dict(dict(lr_scaling="adascale", global_batch=256, base_batch=32),

@@ -251,3 +251,14 @@ def test_trains_from_hdf5_shards_the_same_with_or_without_workers(tmp_path):
         assert summary["test_accuracy"] > 0.85, summary
         digests.append(summary["params_sha256"])
     assert digests[0] == digests[1]  # worker processes change who reads, not what
+
+
+def test_an_auto_batch_too_large_for_the_data_names_base_batch():
+    # --recipe lamb --global-batch auto on digits: auto starts at the recipe's
+    # base batch 2048, above the 1437 training samples; the line names the flag
+    # that sets it, not --global-batch, which the user gave as auto
+    from hpcdl.train import trainer
+    cfg = TrainConfig(global_batch="auto", base_batch=2048, lr_scaling="adascale")
+    with pytest.raises(ConfigError) as e:
+        trainer.load_data(cfg)
+    assert "smaller --base-batch (where --global-batch auto starts)" in str(e.value), e.value

@@ -218,8 +218,10 @@ class TrainConfig:
                "none, fp16 or bf16)" % self.compression if self.compression.startswith("topk")
                else "1 rank (the gain compares each rank's gradient with their average: "
                "run on 2 or more)" if size < 2 else None)
-        if why:
-            raise ConfigError("--lr-scaling adascale does not work with %s" % why)
+        if why:  # under auto the user may never have named adascale: say where it came from
+            raise ConfigError("%s does not work with %s" % (
+                "--global-batch auto (its lr is AdaScale's)" if self.auto_batch
+                else "--lr-scaling adascale", why))
         if self.global_batch < self.base_batch:
             raise ConfigError("--lr-scaling adascale needs --global-batch (%d) >= --base-batch "
                               "(%d): the gain scales the base batch's lr up, never down"
@@ -418,7 +420,7 @@ def fit_recipe(values, user):
     if values.get("global_batch") == "auto" and "lr_scaling" not in user \
             and values.get("lr_scaling", "none") not in ("none", "adascale"):
         notes.append("--global-batch auto: lr by AdaScale, not the recipe's %s scaling "
-                     "(--lr-scaling overrides)" % values.pop("lr_scaling"))
+                     "(auto always takes its lr from AdaScale)" % values.pop("lr_scaling"))
     epochs = values.get("epochs", TrainConfig.epochs)
     warmup = values.get("warmup_epochs", 0) or 0
     if "warmup_epochs" not in user and isinstance(epochs, int) and epochs > 0 \

@@ -187,9 +187,11 @@ def load_data(cfg):
     ds = data.load(cfg.data, cfg.seed, cfg.test_fraction, workers=cfg.workers,
                    stage_to=cfg.stage_to)
     steps = data.steps_per_epoch(ds.n_train, cfg.global_batch)
-    if steps < 1:
+    if steps < 1:  # under auto the batch is where auto starts: --base-batch (maybe a recipe's)
+        flag = "--base-batch (where --global-batch auto starts)" if cfg.auto_batch \
+            else "--global-batch"
         raise ConfigError("global batch %d is larger than the %d training samples; pick a "
-                          "smaller --global-batch" % (cfg.global_batch, ds.n_train))
+                          "smaller %s" % (cfg.global_batch, ds.n_train, flag))
     return ds, steps
 
 
