@@ -179,3 +179,14 @@ def test_survivors_that_do_not_shrink_still_exit(tmp_path, mode, algo, local):
     returncode, out = launch_kill_case(tmp_path, "3", 2, mode, algo, local, after="exit")
     assert returncode == 0, out
     assert sorted(re.findall(r"LEFT world (\d+): lost \[3\]", out)) == ["0", "1", "2"], out
+
+
+@needs_ulfm
+@pytest.mark.mpi
+def test_a_second_loss_after_the_first_shrink(tmp_path):
+    """Rank 3 dies, the others shrink to 3 and all-reduce; then world rank 2 (the
+    last of them) dies too, and ranks 0 and 1 shrink again and go on."""
+    returncode, out = launch_kill_case(tmp_path, "3", 2, "blocking", "ring", 0, after="twice")
+    assert returncode == 0, out
+    assert sorted(re.findall(r"SURVIVED world (\d+): lost \[3\]", out)) == ["0", "1", "2"], out
+    assert sorted(re.findall(r"SURVIVED-2 world (\d+): lost \[2\]", out)) == ["0", "1"], out

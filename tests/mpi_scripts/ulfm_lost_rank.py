@@ -2,11 +2,13 @@
 rank SIGKILLs itself inside a loop of all-reduces; the survivors must each get one
 RanksLostError naming it, shrink to the others, and all-reduce correctly again.
 
-    python ulfm_lost_rank.py VICTIMS STEP MODE ALGO KILLFILE [shrink|exit]
+    python ulfm_lost_rank.py VICTIMS STEP MODE ALGO KILLFILE [shrink|exit|twice]
 
 VICTIMS: one rank, or several (1,3) that die at the same point. exit: the survivors
 print 'LEFT world W: lost [...]' after the error and end their script without a
 shrink (hpcdl's shutdown at exit must then free the lost core locally, not hang).
+twice: after the shrink and its checked steps, the last survivor dies too; the
+others shrink again ('SURVIVED-2 world W: ...', lost in the shrunken numbering).
 
 MODE: blocking | async (every size of a step queued on the engine, then waited:
 the one the victim queued before it died may complete, correct; every handle after
@@ -150,48 +152,67 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-step = 0
-errors = []
-while True:
-    try:
-        one_step(step)
-    except (comm.RanksLostError, LostAll) as e:
-        errors = getattr(e, "errors", [e])
-        break
-    step += 1
-    if step > kill_step + 50:
-        sys.exit("rank %d: no RanksLostError 50 steps after the kill" % world_rank)
+def until_lost(step):
+    """Steps from step on until the victims die; (the step, the survivor's errors)."""
+    while True:
+        try:
+            one_step(step)
+        except (comm.RanksLostError, LostAll) as e:
+            return step, getattr(e, "errors", [e])
+        step += 1
+        if step > kill_step + 50:
+            sys.exit("rank %d: no RanksLostError 50 steps after the kill" % world_rank)
 
-t_err = time.time()
-lost = sorted({r for e in errors for r in e.ranks})
-msgs = {str(e).split(" on rank")[0] for e in errors}
-print("rank %d: %d error(s): %s" % (world_rank, len(errors), " | ".join(sorted(msgs))[:600]),
-      flush=True)
-# a survivor names the lost ranks MPI has told it of: each victim's loss may reach it
-# after the first error, but the ranks named are victims, and at least one
-if not lost or not set(lost) <= set(victims) or (len(victims) == 1 and lost != victims):
-    sys.exit("rank %d: the errors name ranks %s, not %s: %s" % (world_rank, lost, victims,
-                                                                 errors[0]))
-if mode == "async" and len(errors) < len(SIZES) - 1:  # the victim queued at most the first
-    sys.exit("rank %d: only %d of %d handles failed" % (world_rank, len(errors), len(SIZES)))
 
+def check_errors(errors):
+    """The world ranks the errors name (their .ranks are ranks of c; alive maps
+    them to world ranks), checked against the victims."""
+    lost = sorted({alive[r] for e in errors for r in e.ranks})
+    msgs = {str(e).split(" on rank")[0] for e in errors}
+    print("rank %d: %d error(s): %s" % (world_rank, len(errors), " | ".join(sorted(msgs))[:600]),
+          flush=True)
+    # a survivor names the lost ranks MPI has told it of: each victim's loss may reach it
+    # after the first error, but the ranks named are victims, and at least one
+    if not lost or not set(lost) <= set(victims) or (len(victims) == 1 and lost != victims):
+        sys.exit("rank %d: the errors name ranks %s, not %s: %s" % (world_rank, lost, victims,
+                                                                     errors[0]))
+    if mode == "async" and len(errors) < len(SIZES) - 1:  # the victim queued at most the first
+        sys.exit("rank %d: only %d of %d handles failed" % (world_rank, len(errors), len(SIZES)))
+    return lost
+
+
+def recover(step, errors, label):
+    """Shrink, check, STEPS_AFTER more steps; prints the survivor's line."""
+    global c, alive, shared
+    want_lost = [alive.index(v) for v in victims]  # in the numbering of c before the shrink
+    c = comm.shrink()
+    alive = [w for w in alive if w not in victims]
+    shared = {}
+    if c.size != len(alive) or c.lost != want_lost:
+        sys.exit("rank %d: shrink gave %d ranks, lost %s" % (world_rank, c.size, c.lost))
+    for s in range(STEPS_AFTER):
+        n = SIZES[-1]
+        check(c.allreduce(buffer_for(n, step + 1 + s), algorithm="auto" if mode == "shared"
+                          else algo), n, step + 1 + s)
+        if s == 0:
+            t_next = time.time()
+        one_step(step + 1 + s)
+    with open(killfile) as f:
+        t_kill = float(f.read())
+    print("%s world %d: lost %s at step %d; errors %d; shrink %.3f s; kill->next "
+          "allreduce %.3f s" % (label, world_rank, c.lost, step, len(errors), c.shrink_s,
+                               t_next - t_kill), flush=True)
+    return step + STEPS_AFTER
+
+
+step, errors = until_lost(0)
+lost = check_errors(errors)
 if after == "exit":  # no shrink: the survivors end their script; exit must not hang
     print("LEFT world %d: lost %s" % (world_rank, lost), flush=True)
     sys.exit(0)
-c = comm.shrink()
-alive = [w for w in alive if w not in victims]
-shared = {}
-if c.size != len(alive) or c.lost != victims:
-    sys.exit("rank %d: shrink gave %d ranks, lost %s" % (world_rank, c.size, c.lost))
-for s in range(STEPS_AFTER):
-    n = SIZES[-1]
-    check(c.allreduce(buffer_for(n, step + 1 + s), algorithm="auto" if mode == "shared"
-                      else algo), n, step + 1 + s)
-    if s == 0:
-        t_next = time.time()
-    one_step(step + 1 + s)
-with open(killfile) as f:
-    t_kill = float(f.read())
-print("SURVIVED world %d: lost %s at step %d; errors %d; shrink %.3f s; kill->next "
-      "allreduce %.3f s" % (world_rank, c.lost, step, len(errors), c.shrink_s,
-                           t_next - t_kill), flush=True)
+step = recover(step, errors, "SURVIVED")
+if after == "twice":  # a second loss on the shrunken communicator: its last rank
+    victims, kill_step = [alive[-1]], step + 2
+    step, errors = until_lost(step + 1)
+    check_errors(errors)
+    recover(step, errors, "SURVIVED-2")
