@@ -100,7 +100,8 @@ def test_two_rank_run(tmp_path):
     (["--wrap", "ddp"], "--wrap needs --backend"),
     (["--backend", "gloo", "--wrap", "ddp,zero"], "--wrap: unknown 'zero'"),
     (["--backend", "hpcdl", "--zero", "1"], "--zero is not taken with --backend"),
-    (["--backend", "hpcdl", "--fusion-mb", "4"], "--fusion-mb is not taken")])
+    (["--backend", "hpcdl", "--fusion-mb", "4"], "--fusion-mb is not taken"),
+    (["--profile"], "--profile needs --backend")])
 def test_train_backend_usage_errors(args, message):
     r = subprocess.run([sys.executable, "-m", "hpcdl", "bench", "train"] + args,
                        capture_output=True, text=True, timeout=60)
@@ -131,6 +132,57 @@ def test_bench_train_backends(tmp_path):
     assert doc["summary"]["ddp"]["bound"] > 0 and "ddp-none / ddp-gloo" in r.stdout
 
 
+def test_engine_phases_from_records():
+    """Engine records (MPI_Wtime seconds) to ms per phase: two buckets, the
+    second queued behind the first; the finisher picked only the first."""
+    recs = [dict(handle=7, t_submit=1.000, t_start=1.001, t_agreed=1.003, t_end=1.010,
+                 bytes=4000),
+            dict(handle=8, t_submit=1.002, t_start=1.010, t_agreed=1.010, t_end=1.014,
+                 bytes=1000)]
+    from hpcdl.bench import ddp
+    got = ddp.engine_phases(recs, backward_end=1.020, picked={7: 1.0125})
+    want = dict(queue=1 + 8, negotiate=2 + 0, communicate=7 + 4, past_backward=0,
+                before_backward_end=6, lag=2.5, collectives=2, mbytes=0.005)
+    assert got == pytest.approx(want, abs=1e-6)
+    late = ddp.engine_phases(recs, backward_end=1.011, picked={})  # comm outlasts backward
+    assert late["past_backward"] == pytest.approx(3) and late["before_backward_end"] == 0
+    assert ddp.engine_phases([], 1.0, {})["collectives"] == 0
+
+
+@pytest.mark.mpi
+def test_bench_train_backend_profile(tmp_path):
+    """--profile: the where-the-time-goes table for every implementation
+    (hpcdl-opt added); per implementation the caller's phases are
+    non-negative and add up to no more than the step, the backend's calls fit
+    in backward, the engine's serial phases in the step; DDP on hpcdl made
+    backend calls and engine collectives, gloo none; the CPU model is named."""
+    out = tmp_path / "profile.json"
+    r = run_mpi(2, [sys.executable, "-m", "hpcdl", "bench", "train", "--backend", "hpcdl,gloo",
+                    "--model", "tiny", "--steps", "3", "--warmup", "2", "--batch", "4",
+                    "--repeats", "1", "--profile", "--json", str(out)], timeout=180)
+    assert r.returncode == 0, r.stdout
+    assert "# where the time goes (--profile)" in r.stdout and "#  CPU: " in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["cpu_model"] and doc["cpu_model"] in r.stdout
+    prof = doc["profile"]
+    assert list(prof) == ["ddp-hpcdl", "ddp-gloo", "ddp-none", "hpcdl-opt", "no-comm"]
+    assert all(n == 2 * 3 for n in doc["profile_steps"].values())  # ranks x timed steps
+    eps = 0.01  # ms: rounding of the sums
+    for name, p in prof.items():
+        assert all(v >= 0 for v in p.values()), (name, p)
+        assert p["step"] > 0 and p["forward"] + p["backward"] + p["optimizer"] <= p["step"] + eps
+        assert p["call"] + p["get_future"] <= p["backward"] + eps, (name, p)
+        assert p["view"] <= p["call"] + eps and p["deliver"] + p["copy_out"] <= p["finish"] + eps
+        assert p["negotiate"] + p["communicate"] <= p["step"] + eps, (name, p)
+    hp, gloo = prof["ddp-hpcdl"], prof["ddp-gloo"]
+    assert hp["calls"] >= 1 and hp["collectives"] >= 1 and hp["mbytes"] > 0, hp
+    assert hp["submit"] <= hp["call"] + eps and hp["finish"] > 0, hp
+    assert gloo["calls"] == 0 and gloo["collectives"] == 0, gloo
+    assert prof["hpcdl-opt"]["collectives"] >= 1 and prof["hpcdl-opt"]["calls"] == 0
+    rows = [row["impl"] for row in doc["rows"]]
+    assert "hpcdl-opt" in rows and doc["summary"]["ddp"]["max_param_diff"] == 0
+
+
 @pytest.mark.mpi
 def test_device_cuda(tmp_path):
     """--device cuda: without a usable GPU one line on every rank and exit 2;
@@ -156,7 +208,7 @@ def test_bench_train_runs_and_checks_parameters(tmp_path):
                  "repeat 2/2", "hpcdl+noise", "parameters equal to hpcdl's: OK"):
         assert word in r.stdout, r.stdout
     data = json.loads(out.read_text())
-    assert data["params"] > 10_000_000
+    assert data["params"] > 10_000_000 and data["cpu_model"] in r.stdout
     assert data["first_step_param_diff"] < 1e-4 and data["max_param_diff"] < 1e-4
     assert len(data["repeats"]) == 2 and len(data["ratios"]) == 2
     noise = data["noise_scale"]  # --noise-scale: timed beside hpcdl, 3 steps measured

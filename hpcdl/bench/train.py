@@ -293,6 +293,22 @@ def _pct(value, rng, repeats):
     return text + (" (%.0f..%.0f%%)" % tuple(100 * v for v in rng) if repeats > 1 else "")
 
 
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo ('model name', else 'Processor'
+    or 'cpu model'), or the platform's processor string where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip().lower() in ("model name", "processor", "cpu model") \
+                        and value.strip() and not value.strip().isdigit():
+                    return value.strip()
+    except OSError:
+        pass
+    import platform  # on use: only where /proc/cpuinfo says nothing
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def start(opts):
     """(world, job, threads): MPI up, the job described, torch's threads set
     (bench train, its --zero and --backend, bench embedding)."""
@@ -318,6 +334,7 @@ def run(opts):
         "%d warm-up | SGD lr %g | %d repeat(s) | steps interleaved, each timed from a barrier"
         % (opts.model, nparams / 1e6, opts.batch, opts.batch * world.size, opts.steps,
            opts.warmup, opts.lr, opts.repeats))
+    say("#  CPU: %s | load %.1f" % (cpu_model(), job["load_avg_1min"]))
     say("#  hpcdl's fusion buckets: first 1 MiB, then %.3g MiB" % (fusion_threshold() / (1 << 20)))
     if err is not None:
         say("# gloo unavailable: %s" % err)
@@ -371,6 +388,8 @@ def run(opts):
     if opts.json and world.rank == 0:
         write_json(opts.json, {"ranks": world.size, "model": opts.model, "params": nparams,
                                "batch_per_rank": opts.batch, "threads": threads, "rows": rows,
+                               "cpu_model": cpu_model(),
+                               "load_avg_1min": job["load_avg_1min"],
                                "fusion_bytes": fusion_threshold(),
                                "repeats": reps, "ratio": ratio, "ratios": ratios,
                                "first_step_param_diff": first, "max_param_diff": diff,

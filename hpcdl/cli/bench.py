@@ -173,6 +173,10 @@ def _register_train(sub):
                         "(docs/torch_distributed.md): samples/s per backend, hpcdl/gloo ratio")
     p.add_argument("--wrap", default=None, metavar="LIST",
                    help="with --backend: ddp, fsdp2 or ddp,fsdp2 (default ddp)")
+    p.add_argument("--profile", action="store_true",
+                   help="with --backend: also time hpcdl's DistributedOptimizer, and print "
+                        "where each step's time goes (forward, backward, the backend's calls, "
+                        "the engine's queue/negotiate/communicate, the finisher's hand-off)")
     p.set_defaults(func=run_train)
 
 
@@ -215,6 +219,7 @@ def run_train(args):
         argv += ["--noise-scale"] if args.noise_scale else []
         argv += ["--backend", args.backend] if args.backend is not None else []
         argv += ["--wrap", args.wrap] if args.wrap is not None else []
+        argv += ["--profile"] if args.profile else []
         return launcher.launch(args.n, argv, **launcher.launch_options(args))
     if args.zero is not None:
         return abort_on_error(*zero_options(args, stages))
@@ -223,7 +228,7 @@ def run_train(args):
         return abort_on_error(ddp.run, ddp.Options(
             model=args.model, backends=backends, wraps=wraps, steps=args.steps,
             warmup=args.warmup, batch=args.batch, threads=args.threads,
-            repeats=args.repeats, json=args.json))
+            repeats=args.repeats, json=args.json, profile=args.profile))
     from ..bench import train  # on use: loads MPI and numpy and torch and tqdm
     opts = train.Options(model=args.model, steps=args.steps, warmup=args.warmup,
                          batch=args.batch, threads=args.threads, repeats=args.repeats,
@@ -249,6 +254,8 @@ def _backend_options(args):
     if args.backend is None:
         if args.wrap is not None:
             raise UsageError("--wrap needs --backend (e.g. --backend hpcdl,gloo --wrap ddp,fsdp2)")
+        if args.profile:
+            raise UsageError("--profile needs --backend (e.g. --backend hpcdl,gloo --profile)")
         return None, None
     from ..bench.ddp import BACKENDS, WRAPS  # on use: loads MPI and numpy and torch and tqdm
     for flag, given in (("--zero", args.zero is not None), ("--noise-scale", args.noise_scale),
