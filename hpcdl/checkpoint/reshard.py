@@ -25,15 +25,15 @@ rank count.
 import torch
 
 
-def _numel(shape):
+def numel(shape):
     n = 1
     for d in shape:
         n *= d
     return n
 
 
-def per_element(value, numel):
-    return torch.is_tensor(value) and value.dim() > 0 and value.numel() == numel
+def per_element(value, size):
+    return torch.is_tensor(value) and value.dim() > 0 and value.numel() == size
 
 
 class Whole:
@@ -56,7 +56,7 @@ class Whole:
                 if t is None:
                     continue
                 if full is None:
-                    full = torch.empty(_numel(shapes[name]), dtype=t.dtype)
+                    full = torch.empty(numel(shapes[name]), dtype=t.dtype)
                 full[start:start + t.numel()] = t.reshape(-1)
             return full
 
@@ -82,7 +82,7 @@ class Whole:
         if optimizer_state is not None:
             for i, st in optimizer_state["state"].items():
                 n = names[i]
-                state[n] = {k: v.reshape(-1) if per_element(v, _numel(shapes[n])) else v
+                state[n] = {k: v.reshape(-1) if per_element(v, numel(shapes[n])) else v
                             for k, v in st.items()}
             groups = [dict(g, params=[names[i] for i in g["params"]])
                       for g in optimizer_state["param_groups"]]
@@ -100,8 +100,8 @@ class Whole:
         index = {n: i for i, n in enumerate(names)}
         state = {}
         for n, st in self.state.items():
-            numel = _numel(self.shapes[n])
-            state[index[n]] = {k: v.view(self.shapes[n]) if per_element(v, numel) else v
+            size = numel(self.shapes[n])
+            state[index[n]] = {k: v.view(self.shapes[n]) if per_element(v, size) else v
                                for k, v in st.items()}
         groups = [dict(g, params=[index[n] for n in g["params"]]) for g in self.groups]
         return {"state": state, "param_groups": groups}
@@ -113,8 +113,8 @@ class Whole:
         st = self.state.get(name)
         if st is None:
             return None
-        numel = _numel(self.shapes[name])
-        return {k: v[start:start + n].clone() if per_element(v, numel) else v
+        size = numel(self.shapes[name])
+        return {k: v[start:start + n].clone() if per_element(v, size) else v
                 for k, v in st.items()}
 
 

@@ -31,7 +31,7 @@ recorded load as before, unchecked on it.
 """
 from ..torch.zero.layout import block_counts, pieces_of
 from . import files as sharded
-from .reshard import Whole, restore_pieces
+from .reshard import Whole, numel, restore_pieces
 
 KIND = "zero"  # the manifest's kind (stages 1-3; "stage" says which)
 
@@ -146,18 +146,16 @@ def _same_units(manifest, shards):
         (list(u.names), list(u.counts)) for u in shards.units]
 
 
-def _read(directory, check, same=None):
-    """Collective: the manifest and the parts this rank needs (its own when
-    same(manifest), else every rank's), after check(manifest) found nothing;
-    a ValueError on every rank otherwise."""
+def _read(directory, check, ranks=lambda manifest: range(manifest["ranks"])):
+    """Collective: the manifest and the parts of ranks(manifest) (this rank's
+    own, or every rank's), after check(manifest) found nothing; a ValueError
+    on every rank otherwise (the caller raises it)."""
     error, manifest, parts = None, None, None
     try:
         manifest = sharded.read_manifest(directory, kind=KIND)
         error = check(manifest)
         if error is None:
-            own = same is not None and same(manifest)
-            ranks = [same.rank] if own else range(manifest["ranks"])
-            parts = [sharded.read_shard(directory, manifest, r) for r in ranks]
+            parts = [sharded.read_shard(directory, manifest, r) for r in ranks(manifest)]
     except ValueError as e:
         error = str(e)
     return error, manifest, parts
@@ -172,11 +170,11 @@ def load_sharded(shards, directory, optimizer=None):
 
     def same(manifest):
         return manifest["ranks"] == comm.size and _same_units(manifest, shards)
-    same.rank = comm.rank
     error, manifest, parts = _read(
-        directory, lambda m: _mismatch(directory, m, shards, optimizer), same)
+        directory, lambda m: _mismatch(directory, m, shards, optimizer),
+        lambda m: [comm.rank] if same(m) else range(m["ranks"]))
     comm.raise_if_any(error, ValueError)
-    if len(parts) == 1 and same(manifest):  # this rank's own pieces, as saved
+    if same(manifest):  # this rank's own pieces, as saved
         own = parts[0]
         state = (own["optimizer"] or {}).get("state", {})
         source = (lambda name, start, n: own["params"][name],
@@ -208,23 +206,14 @@ def read_whole(directory, comm):
 def _whole(manifest, parts):
     """reshard.Whole of the old ranks' parts: each piece's place from the
     manifest's units and the old rank count (layout.py's cut)."""
+    shapes = {p["name"]: p["shape"] for p in manifest["params"]}
     spans = {}  # name -> [(start in the parameter, index in parts)]
     for unit in manifest["units"]:
-        numels = [_numel(manifest, n) for n in unit["names"]]
+        numels = [numel(shapes[n]) for n in unit["names"]]
         counts = block_counts(unit["numel"], manifest["ranks"])
         for r in range(manifest["ranks"]):
             for c in pieces_of(numels, counts, r):
                 spans.setdefault(unit["names"][c.index], []).append((c.start, r))
-    shapes = {p["name"]: p["shape"] for p in manifest["params"]}
     groups = (parts[0]["optimizer"] or {}).get("param_groups")
     return Whole.of_pieces(shapes, parts, spans, groups)
 
-
-def _numel(manifest, name):
-    n = 1
-    for p in manifest["params"]:
-        if p["name"] == name:
-            for d in p["shape"]:
-                n *= d
-            return n
-    raise KeyError(name)
