@@ -149,6 +149,24 @@ def test_engine_phases_from_records():
     assert ddp.engine_phases([], 1.0, {})["collectives"] == 0
 
 
+def test_profile_timers_come_off():
+    """--profile's timers wrap the backend's functions only while enabled:
+    disable() puts back the very functions that were there."""
+    from hpcdl.torch.distributed import _profile, _tensors, _work, process_group as pg
+
+    def current():
+        return (pg.ProcessGroupHpcdl.allreduce, _tensors.core_view, _work.Work.get_future,
+                _work.Work._finish, _work._deliver)
+    plain = current()
+    _profile.enable()
+    try:
+        assert all(a is not b for a, b in zip(current(), plain)) and _profile.enabled()
+        assert _profile.take()["calls"] == 0
+    finally:
+        _profile.disable()
+    assert all(a is b for a, b in zip(current(), plain)) and not _profile.enabled()
+
+
 @pytest.mark.mpi
 def test_bench_train_backend_profile(tmp_path):
     """--profile: the where-the-time-goes table for every implementation

@@ -238,10 +238,11 @@ def profile_table(totals, say):
     say("#\n# where the time goes (--profile): ms per step, mean over %s rank-steps; engine and "
         "finisher rows run beside the caller's thread" % "/".join(str(steps[n]) for n in names))
     say("#%-37s %s" % ("phase", " ".join("%11s" % n for n in names)))
-    rows = {}
+    rows = {n: {} for n in names}  # {impl: {phase: ms per step}} (the --json's profile)
     for key, label, depth in PHASES:
         vals = [totals[n][key] / steps[n] for n in names]
-        rows[key] = dict(zip(names, vals))
+        for n, v in zip(names, vals):
+            rows[n][key] = v
         fmt = "%11.1f" if key in ("calls", "staged", "collectives") else "%11.2f"
         say(" %-37s %s" % ("  " * depth + label, " ".join(fmt % v for v in vals)))
     return rows
