@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hpcdl.cli.run import mpirun_command, parse_hosts
-from hpcdl.cli.main import UsageError
+from hpcdl.cli.errors import UsageError
 
 HPCDL = [sys.executable, "-m", "hpcdl"]
 

@@ -13,7 +13,7 @@ import pytest
 
 from hpcdl.cli.elastic_run import check_counts
 from hpcdl.cli.run import read_hostfile
-from hpcdl.cli.main import UsageError
+from hpcdl.cli.errors import UsageError
 from hpcdl.torch.elastic import sampler as sampler_mod
 from hpcdl.checkpoint import files as sharded
 

@@ -154,7 +154,7 @@ def test_the_study_caps_a_recipes_warmup_as_its_help_says():
 
 def test_cli_reads_auto_in_any_position_and_checks_it_before_any_rank():
     from hpcdl.cli.bench_large_batch import _batches, check_configs
-    from hpcdl.cli.main import UsageError
+    from hpcdl.cli.errors import UsageError
     assert _batches("1024,auto,64") == ([64, 1024], True)
     assert _batches("256,64") == ([64, 256], False)
     opts = lb.Options(batches=[64, 1024], recipes=["plain", "goyal"], auto=True)
@@ -263,7 +263,7 @@ def test_modes_have_their_own_rows_and_a_comparison_against_the_first():
 
 def test_cli_checks_every_mode_before_any_rank():
     from hpcdl.cli.bench_large_batch import check_configs
-    from hpcdl.cli.main import UsageError
+    from hpcdl.cli.errors import UsageError
     opts = lb.Options(batches=[64], recipes=["goyal"], modes=["allreduce", "ddp-gloo"],
                       auto=True)
     check_configs(opts)  # auto runs only with allreduce: no adascale under DDP

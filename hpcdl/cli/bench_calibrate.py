@@ -7,10 +7,10 @@ hpcdl/sim/calibrate.py.
 """
 import sys
 
-from .main import UsageError
+from .errors import UsageError
 from .run import add_launch_args
 from . import run as launcher
-from .bench import abort_on_error
+from .bench_common import abort_on_error
 
 
 def register(sub):

@@ -5,8 +5,8 @@ in-memory array).
     hpcdl bench data --workers 2 --batch 128
     hpcdl bench data --source synthetic --samples 50000 --shape 3,32,32
 """
-from .bench import run_or_launch
-from .main import UsageError
+from .bench_common import run_or_launch
+from .errors import UsageError
 from .run import add_launch_args
 
 

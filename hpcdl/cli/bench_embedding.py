@@ -4,8 +4,8 @@ replicated tables and all-gathered tables, on backend hpcdl).
 
     hpcdl bench embedding -n 4 --rows 1000,10000,100000 --json emb.json
 """
-from .bench import run_or_launch
-from .main import UsageError
+from .bench_common import run_or_launch
+from .errors import UsageError
 from .run import add_launch_args
 
 

@@ -10,8 +10,8 @@ against the global batch, per recipe, and the gradient noise scale).
 from ..bench.large_batch import ALLREDUCE, AUTO, Options, run_values
 from ..train import ConfigError, TrainConfig
 from ..train.config import with_recipe
-from .bench import run_or_launch
-from .main import UsageError
+from .bench_common import run_or_launch
+from .errors import UsageError
 from .run import add_launch_args
 from .train import prepare_data
 

@@ -9,7 +9,7 @@ shards with a manifest, summarise a shard directory, check it in full.
 """
 import sys
 
-from .main import UsageError
+from .errors import UsageError
 from .run import add_launch_args
 from . import run as launcher
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from .main import UsageError
+from .errors import UsageError
 
 
 def wants_elastic(args):

@@ -17,27 +17,9 @@ import re
 import sys
 
 from .._version import __version__
+from .errors import UsageError, print_errors
 
 SUBCOMMANDS = ["info", "run", "train", "bench", "data", "slurm", "sim", "vcluster"]
-
-
-class UsageError(Exception):
-    """Something the user can fix: printed as 'hpcdl: error: ...', exit 2.
-    A message of several lines is several problems, one line each."""
-
-
-def print_errors(lines, prefix="hpcdl: error: "):
-    """Writes prefix + line for each line to stderr in ONE write(2) call: under
-    mpirun every rank's stderr goes to one stream, and lines written piecewise
-    by two ranks can run together."""
-    text = "".join("%s%s\n" % (prefix, line) for line in lines)
-    try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # a stream in memory (tests)
-        sys.stderr.write(text)
-        return
-    sys.stderr.flush()
-    os.write(fd, text.encode("utf-8", "replace"))
 
 
 def sieved_rank():

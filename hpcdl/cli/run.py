@@ -29,7 +29,7 @@ from ..vcluster.agent import launch_hosts_problem, ranks_by_host
 from . import elastic_run, interrupt
 
 STALL_SHUTDOWN_DEFAULT = settings.get("HPCDL_STALL_SHUTDOWN_TIME_SECONDS", {})  # stall.c's
-from .main import UsageError, print_errors
+from .errors import UsageError, print_errors
 
 
 def default_ranks(n):

@@ -7,7 +7,7 @@ sim_pipeline.py, `time-to-accuracy` in sim_statistical.py.
     hpcdl sim scaling --model resnet50 --gpus 8,64,512,2048 --alpha 5us --beta 12.5GB/s \\
         --step-compute-ms 100 --overlap 0.5 --plot scaling.png
 """
-from .main import UsageError
+from .errors import UsageError
 from .sim_common import add_network_flags, network_values, parse_gpus
 from . import sim_pipeline
 from . import sim_statistical

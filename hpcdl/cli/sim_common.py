@@ -2,7 +2,7 @@
 link flags (--alpha, --beta, their -intra forms, --gamma, --calibration,
 --gpus-per-node), reading them (a flag wins over the calibration file), and
 --gpus."""
-from .main import UsageError
+from .errors import UsageError
 
 
 def add_network_flags(p):

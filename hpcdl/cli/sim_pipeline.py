@@ -7,7 +7,7 @@ Registered by cli/sim.py.
         --activation-elements 1M --step-compute-ms 400 --alpha 5us --beta 12.5GB/s
 """
 
-from .main import UsageError
+from .errors import UsageError
 from ..utils.atomic import write_json
 
 

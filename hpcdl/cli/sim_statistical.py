@@ -8,7 +8,7 @@ count (hpcdl/sim/statistical.py). One process; no MPI. Registered by cli/sim.py.
 """
 import json
 
-from .main import UsageError
+from .errors import UsageError
 from .sim_common import add_network_flags, network_values, parse_gpus
 from ..utils.atomic import write_json
 

@@ -9,7 +9,7 @@ reads (hpcdl/sim/profile.py) and the published runs it is checked against
 """
 import json
 
-from .main import UsageError
+from .errors import UsageError
 from .sim_common import add_network_flags, network_values, parse_gpus
 from ..utils.launch import env_rank
 from ..utils.atomic import write_json

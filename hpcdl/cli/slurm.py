@@ -9,7 +9,7 @@ templates in slurm/, filled in safely, submitted, and a sweep's scaling table.
 import os
 import sys
 
-from .main import UsageError
+from .errors import UsageError
 from .. import slurm
 from ..utils.atomic import write_json
 

@@ -23,7 +23,7 @@ from ..train.config import (LR_SCALING, MODES, OPTIMIZERS, PRECISIONS, RECIPES, 
                             TRAIN_MODELS, ConfigError, TrainConfig, load_file, parse_bool,
                             resolve)
 from ..utils.rankenv import torchrun_env
-from .main import UsageError
+from .errors import UsageError
 from .run import add_launch_args
 from .. import comm, train
 from ..train import validate

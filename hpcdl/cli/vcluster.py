@@ -12,7 +12,7 @@ import argparse
 import os
 
 from .. import vcluster
-from .main import UsageError
+from .errors import UsageError
 
 
 def _need_root():
