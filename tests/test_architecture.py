@@ -13,12 +13,18 @@ from the source with `ast` (nothing is imported, so MPI never starts):
       utilities (launch, log, agree) on nothing above hpcdl.utils.
 
 Package `__init__` modules: `import hpcdl.a.b` runs hpcdl/a/__init__.py
-first, but an edge to every parent package would make each package's facade
-(which re-exports its submodules) a cycle with every submodule. So an import
-is an edge to the module it names (`from hpcdl.a import b` names hpcdl.a.b
-when b is a submodule, else hpcdl.a), and a package __init__ is a module like
-any other: `from . import world` inside hpcdl/comm/alltoall.py names
-hpcdl.comm, and it is a cycle when hpcdl/comm/__init__.py imports alltoall.
+first, so an import is an edge to the module it names (`from hpcdl.a import
+b` names hpcdl.a.b when b is a submodule, else hpcdl.a) AND to each package
+above it that the importer does not lie in (hpcdl/a/__init__.py runs before
+any module inside hpcdl.a, so for them it has already begun). A package
+facade that imports its submodules is then no cycle with them, but it is one
+with every module outside that reaches the package and that its submodules
+reach back: torch/noise_scale.py -> zero/layout.py ran zero/__init__.py,
+which loaded zero/optimizer.py -> torch/optimizer.py -> noise_scale.py.
+`importlib.import_module("hpcdl.cli." + name)` is an edge to every module
+whose name starts with the constant part (cli/main.py loads its subcommands
+so). `from . import world` inside hpcdl/comm/alltoall.py names hpcdl.comm,
+and it is a cycle when hpcdl/comm/__init__.py imports alltoall.
 """
 import ast
 import os
@@ -47,9 +53,8 @@ ALLOWED_MPI = {
     "hpcdl/utils/mpi_info.py": "checks the core's MPI against mpi4py's, before MPI is up",
     # `hpcdl info` reports the MPI library's version string and standard.
     "hpcdl/cli/info.py": "reports which MPI library this is",
-    # `hpcdl bench`: the benchmarks' rank count and MPI_Abort on a failed
-    # run; the measured peer is MPI itself.
-    "hpcdl/cli/bench.py": "benchmark driver: MPI is the measured peer; aborts a failed run",
+    # `hpcdl bench`: MPI_Abort on a failed run (the measured peer is MPI itself).
+    "hpcdl/cli/bench_common.py": "benchmark driver: aborts a failed run on every rank",
     "hpcdl/cli/bench_calibrate.py": "calibration driver: checks the rank count before "
                                     "hpcdl.comm is up",
 }
@@ -95,9 +100,33 @@ def _known_prefix(name):
     return name or None
 
 
+def _packages_run(importer, module):
+    """The packages above module whose __init__ an import of it runs: those
+    the importer does not lie in (its own were run before it)."""
+    parts = module.split(".")
+    above = (".".join(parts[:i]) for i in range(1, len(parts)))
+    return [p for p in above
+            if p in KNOWN and importer != p and not importer.startswith(p + ".")]
+
+
+def _dynamic_imports(node):
+    """Modules an importlib.import_module(...) call may load: the constant
+    name, or every module starting with the constant part of 'prefix' + x."""
+    f = node.func
+    if not (isinstance(f, ast.Attribute) and f.attr == "import_module" and node.args):
+        return []
+    arg = node.args[0]
+    if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Add):
+        arg = arg.left
+    if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
+        return []
+    return [m for m in sorted(KNOWN) if m.startswith(arg.value)]
+
+
 def imports_of(name, path):
     """[(imported hpcdl module, line)] of module name: every import statement,
-    at module level or inside functions and classes."""
+    at module level or inside functions and classes, with the packages whose
+    __init__ it runs, and importlib.import_module calls."""
     out, package = [], _package_of(name, path)
     for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
@@ -113,6 +142,9 @@ def imports_of(name, path):
             for a in node.names:
                 full = base + "." + a.name
                 out.append((full if full in KNOWN else _known_prefix(base), node.lineno))
+        elif isinstance(node, ast.Call):
+            out += [(m, node.lineno) for m in _dynamic_imports(node)]
+    out += [(p, line) for m, line in list(out) if m for p in _packages_run(name, m)]
     return [(m, line) for m, line in out if m and m != name]
 
 
@@ -227,6 +259,11 @@ def test_nothing_imports_the_cli():
     assert not bad, "the CLI is the top floor; nothing below imports it:\n  " + "\n  ".join(bad)
 
 
+def _inside(module, *packages):
+    """module is one of packages or lies in one of them."""
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
 BOTTOM_UTILS = ("hpcdl.utils.launch", "hpcdl.utils.log", "hpcdl.utils.agree")
 
 
@@ -237,9 +274,9 @@ def test_comm_stands_on_the_core_and_utils():
     graph = import_graph()
     bad = ["%s imports %s" % (name, m) for name, deps in sorted(graph.items())
            if name == "hpcdl.comm" or name.startswith("hpcdl.comm.") for m in deps
-           if not m.startswith(("hpcdl.comm", "hpcdl._core", "hpcdl.utils."))]
+           if not _inside(m, "hpcdl.comm", "hpcdl._core", "hpcdl.utils")]
     bad += ["%s imports %s" % (name, m) for name in BOTTOM_UTILS for m in graph[name]
-            if not m.startswith("hpcdl.utils.")]
+            if not _inside(m, "hpcdl.utils")]
     assert not bad, "a lower layer imports a higher one:\n  " + "\n  ".join(bad)
 
 
@@ -261,6 +298,15 @@ def test_imports_are_resolved():
     assert "hpcdl.comm.communicator" in graph["hpcdl.comm"]
     assert "hpcdl._core" in graph["hpcdl.comm.communicator"]
     assert "hpcdl.comm" in graph["hpcdl.train.trainer"]
+    # importing hpcdl.torch.zero.layout runs hpcdl/torch/zero/__init__.py, not
+    # hpcdl/torch/__init__.py (noise_scale lies in hpcdl.torch: already run)
+    assert _packages_run("hpcdl.torch.noise_scale", "hpcdl.torch.zero.layout") == [
+        "hpcdl.torch.zero"]
+    assert "hpcdl.torch.zero" in graph["hpcdl.torch.noise_scale"]
+    assert "hpcdl.torch" not in graph["hpcdl.torch.noise_scale"]
+    # importlib.import_module("hpcdl.cli." + name): every subcommand
+    assert {"hpcdl.cli.run", "hpcdl.cli.bench"} <= set(graph["hpcdl.cli.main"])
+    assert "hpcdl.cli.bench_calibrate" in graph["hpcdl.cli.bench"]
     assert len(MODULES) > 80
 
 

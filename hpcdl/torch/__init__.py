@@ -20,7 +20,7 @@ from .mpi_ops import *  # noqa: F401,F403 - the collectives grid, listed in mpi_
 from .mpi_ops import __all__ as _ops_all
 from .distributed_optimizer import DistributedOptimizer  # a function, as Horovod's
 from .sync_batch_norm import SyncBatchNorm
-from .zero import shard_model  # ZeRO stage 3 (docs/zero.md)
+from .zero.stage3 import shard_model  # ZeRO stage 3 (docs/zero.md)
 from . import elastic  # hvd.elastic.run, TorchState, ... (restart-based)
 from ..trace import start_timeline, stop_timeline
 from . import distributed as _distributed  # torch.distributed backend "hpcdl"

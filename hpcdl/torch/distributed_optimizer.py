@@ -5,10 +5,12 @@ DataParallelOptimizer, zero/optimizer.py's ZeroOptimizer,
 adasum_optimizer.py's DistributedAdasumOptimizer."""
 import warnings
 
-from . import adascale as _adascale, noise_scale as _noise, zero
+from . import adascale as _adascale, noise_scale as _noise
 from ._basics import Adasum, comm_op
 from .adasum_optimizer import DistributedAdasumOptimizer
 from .optimizer import DataParallelOptimizer
+from .zero import check_stage
+from .zero.optimizer import ZeroOptimizer
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,  # noqa: N802
@@ -48,9 +50,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,  # 
             raise ValueError("adascale: %s" % e if ada_on else str(e)) from None
     if op == Adasum:  # Horovod's delta optimizer
         return DistributedAdasumOptimizer(optimizer, named_parameters, compression, process_set)
-    stage = zero.check_stage(zero_stage)
+    stage = check_stage(zero_stage)
     if stage:
-        opt = zero.ZeroOptimizer(optimizer, named_parameters, stage, process_set, **options)
+        opt = ZeroOptimizer(optimizer, named_parameters, stage, process_set, **options)
     else:
         opt = DataParallelOptimizer(optimizer, named_parameters, process_set, **options)
     if beta is not None and opt.reducer.comm is not None:  # on the Reducer's stats seam

@@ -30,6 +30,7 @@ import torch
 from ..optim.wrapper import OptimizerWrapper
 from .reducer import Reducer, member_comm, param_names, warn_no_gradient
 from ._basics import comm_op
+from .noise_scale import check_batch, check_loss_scale
 from .process_sets import global_process_set
 
 # Horovod's keywords that say how gradients meet, and their defaults
@@ -135,8 +136,6 @@ class DataParallelOptimizer(OptimizerWrapper):
         (|G|^2), .grad_var (tr(Sigma) of one sample's gradient) and .steps, the
         same on every rank; None before the first step() and on one rank.
         batch_size: samples per rank per backward pass. Not collective."""
-        # on use: noise_scale imports hpcdl.torch.zero, whose package imports this module
-        from .noise_scale import check_batch
         b = check_batch(batch_size)
         if self._noise is None:
             if self.reducer.comm is None:  # outside the process set
@@ -190,7 +189,6 @@ class DataParallelOptimizer(OptimizerWrapper):
         """fp16 loss scaling: the factor this step's loss was multiplied by.
         Only the noise scale reads it (its squared norms are divided by
         scale**2); unscaling the gradients stays the loss scaler's job."""
-        from .noise_scale import check_loss_scale  # on use: see noise_scale() above
         scale = check_loss_scale(scale)
         if self._noise is not None:
             self._noise.loss_scale = scale

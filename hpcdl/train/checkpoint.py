@@ -3,7 +3,7 @@ format, the checks, the save directories): the same calls with the
 trainer's ConfigError and the model's whole shapes (a stage-3 model's too)."""
 from ..checkpoint import root
 from ..checkpoint.root import FORMAT, path_in, pieces_dir, resumed_path  # noqa: F401
-from ..torch.zero import shards_of
+from ..torch.zero.stage3 import shards_of
 from .errors import ConfigError
 
 

@@ -24,7 +24,7 @@ import torch
 from .. import comm
 from ..checkpoint import buckets, zero as zero_checkpoint
 from ..checkpoint.reshard import Whole, optimizer_names
-from ..torch.zero import shard_model
+from ..torch.zero.stage3 import shard_model
 from . import build, checkpoint
 from .allreduce import AllReduce
 from .errors import ConfigError

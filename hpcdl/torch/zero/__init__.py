@@ -2,10 +2,15 @@
 stages 1 and 2 as ZeroOptimizer on DistributedOptimizer's Reducer
 (`hvd.DistributedOptimizer(opt, zero_stage=1|2)` returns one), stage 3 as a
 model wrapper (`hvd.shard_model(model)`).
-What each stage keeps where: docs/zero.md."""
-from .sharding import Sharding
-from .optimizer import ZeroOptimizer
-from .stage3 import ShardedModel, shard_model, shards_of
+What each stage keeps where: docs/zero.md.
+
+The package itself imports none of its modules: importing one of them
+(hpcdl.torch.zero.layout, say) runs this file first, and were it to load
+optimizer.py, which stands on hpcdl.torch.optimizer, every module that only
+wants the bucket layout would import the optimizer too (a circle with
+torch/noise_scale.py). Import the classes from their modules:
+zero.optimizer.ZeroOptimizer, zero.sharding.Sharding, zero.stage3's
+ShardedModel, shard_model and shards_of."""
 
 STAGES = (0, 1, 2)
 
@@ -25,4 +30,4 @@ def check_stage(stage):
                      "hvd.shard_model(model)" % (stage,))
 
 
-__all__ = ["Sharding", "ZeroOptimizer", "ShardedModel", "check_stage", "shard_model", "shards_of", "STAGES"]
+__all__ = ["check_stage", "STAGES"]

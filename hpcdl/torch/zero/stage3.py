@@ -55,6 +55,8 @@ import torch.nn as nn
 
 from . import norms
 from .layout import REDUCE_IN_FLIGHT, block_counts, pieces_of
+from ..compression import Compression
+from ..process_sets import comm_of, global_process_set
 from ..reducer import retire_in_order
 
 
@@ -539,8 +541,6 @@ def shard_model(model, units=None, prefetch=True, sync=True, process_set=None,
     and buffers first, so every rank cuts the same model. compression:
     hvd.Compression.fp16 or .bf16 sends the gradients' reduce-scatter in 16
     bits (the parameters' all-gather stays exact). docs/zero.md."""
-    from ..compression import Compression
-    from ..process_sets import comm_of, global_process_set
     compression = Compression.none if compression is None else compression
     if compression not in (Compression.none, Compression.fp16, Compression.bf16):
         raise ValueError("shard_model: compression must be hvd.Compression.none, .fp16 or "
