@@ -111,12 +111,11 @@ static char *area(const hpcdl_team *t, size_t entry) { // entry-sized room numbe
     return slot(t, t->size) + ENTRY * entry;
 }
 
-// Waits for all n requests by the team's policy; st[i] gets each status.
+// Waits for all n requests by the team's policy (hpcdl_team_wait: tests,
+// yields, then sleeps, so a rank waiting here for a stalled peer across
+// nodes leaves its core; MPI_Waitall spun it at ~50% of a core, issue 38);
+// st[i] gets each status.
 static int wait_all(const hpcdl_team *t, MPI_Request *rq, MPI_Status *st, int n) {
-    if (!t->polite && !t->crowded) {
-        MPI_CHECK(MPI_Waitall(n, rq, st));
-        return HPCDL_OK;
-    }
     for (int i = 0; i < n; i++) MPI_CHECK(hpcdl_team_wait_status(t, &rq[i], &st[i]));
     return HPCDL_OK;
 }
