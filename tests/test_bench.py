@@ -141,7 +141,8 @@ def test_engine_phases_from_records():
                  bytes=1000)]
     from hpcdl.bench import ddp
     got = ddp.engine_phases(recs, backward_end=1.020, picked={7: 1.0125})
-    want = dict(queue=1 + 8, negotiate=2 + 0, communicate=7 + 4, past_backward=0,
+    want = dict(queue=1 + 8, negotiate=2 + 0, communicate=7 + 4, last_collective=12,
+                past_backward=0,
                 before_backward_end=6, lag=2.5, collectives=2, mbytes=0.005)
     assert got == pytest.approx(want, abs=1e-6)
     late = ddp.engine_phases(recs, backward_end=1.011, picked={})  # comm outlasts backward
@@ -192,6 +193,7 @@ def test_bench_train_backend_profile(tmp_path):
         assert p["call"] + p["get_future"] <= p["backward"] + eps, (name, p)
         assert p["view"] <= p["call"] + eps and p["deliver"] + p["copy_out"] <= p["finish"] + eps
         assert p["negotiate"] + p["communicate"] <= p["step"] + eps, (name, p)
+        assert p["last_collective"] <= p["step"] + eps, (name, p)
     hp, gloo = prof["ddp-hpcdl"], prof["ddp-gloo"]
     assert hp["calls"] >= 1 and hp["collectives"] >= 1 and hp["mbytes"] > 0, hp
     assert hp["submit"] <= hp["call"] + eps and hp["finish"] > 0, hp

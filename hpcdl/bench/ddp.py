@@ -166,14 +166,18 @@ def engine_phases(records, backward_end, picked):
     communicate (data moving), the last bucket's end against backward's end
     (past: communication still running after backward returned; before:
     backward went on after the last bucket was done: DDP's finisher hand-off
-    and finalize), and the finisher's lag (engine done -> its Work picked)."""
+    and finalize), the last collective's time from its hand-off to its end
+    (what no compute hides: its bucket is ready only when backward ends), and
+    the finisher's lag (engine done -> its Work picked)."""
     ms = lambda a, b: max(0.0, 1e3 * (b - a))  # noqa: E731
     last = max((r["t_end"] for r in records), default=backward_end)
+    final = max(records, key=lambda r: r["t_end"], default=None)
     out = dict(queue=sum(ms(r["t_submit"], r["t_start"]) for r in records),
                negotiate=sum(ms(r["t_start"], r.get("t_agreed", r["t_start"]))
                              for r in records),
                communicate=sum(ms(r.get("t_agreed", r["t_start"]), r["t_end"])
                                for r in records),
+               last_collective=ms(final["t_submit"], final["t_end"]) if final else 0.0,
                past_backward=ms(backward_end, last), before_backward_end=ms(last, backward_end),
                lag=sum(ms(r["t_end"], picked[r["handle"]]) for r in records
                        if r["handle"] in picked),
@@ -197,6 +201,7 @@ PHASES = (
     ("queue", "engine: queued", 0),
     ("negotiate", "engine: negotiate", 0),
     ("communicate", "engine: communicate", 0),
+    ("last_collective", "engine: last one, hand-off -> end", 0),
     ("past_backward", "last comm past backward's end", 0),
     ("before_backward_end", "backward after last comm", 0),
     ("lag", "finisher: engine done -> picked", 0),
