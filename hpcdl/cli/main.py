@@ -17,6 +17,8 @@ import re
 import sys
 
 from .._version import __version__
+from ..utils import causes
+from ..utils.rankenv import torchrun_env
 from .errors import UsageError, print_errors
 
 SUBCOMMANDS = ["info", "run", "train", "bench", "data", "slurm", "sim", "vcluster"]
@@ -25,8 +27,6 @@ SUBCOMMANDS = ["info", "run", "train", "bench", "data", "slurm", "sim", "vcluste
 def sieved_rank():
     """This rank's number (a str) when hpcdl's launcher started it and sieves
     its stderr (HPCDL_CAUSES=1, utils/causes.py), else None."""
-    from ..utils import causes
-    from ..utils.rankenv import torchrun_env
     return torchrun_env().get("RANK") if os.environ.get(causes.ENV) == "1" else None
 
 

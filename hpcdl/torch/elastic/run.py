@@ -17,7 +17,7 @@ it again on the hosts that remain, up to --max-restarts times."""
 import functools
 import sys
 
-from .. import mpi_ops
+from .. import functions, mpi_ops
 from . import _store
 
 
@@ -38,7 +38,6 @@ def run(func):
 def _resume(state):
     """True on every rank when rank 0 restored a commit from disk. A commit
     that cannot be read fails on every rank (the error travels with the flag)."""
-    from .. import functions
     payload, problem = None, None
     if mpi_ops.rank() == 0:
         try:
