@@ -25,6 +25,30 @@ if os.geteuid() == 0:
 from slurm_cluster import slurm_cluster  # noqa: E402,F401
 
 
+def pytest_runtest_teardown(item):
+    """A test that starts MPI inside the pytest process (a singleton) leaves
+    PMIX_RANK, PMIx server addresses and OMPI_* settings in the C environment,
+    behind os.environ's back; every later subprocess started without env=
+    inherits them, and hpcdl then takes itself for a rank of that job ('-n 4
+    ignored: this job has 1 rank') or mpiexec's ranks join the singleton's
+    PMIx. After each test, variables the C environment holds that os.environ
+    does not are unset."""
+    for name in c_environment_names():
+        if name not in os.environb:
+            os.unsetenv(name)
+
+
+def c_environment_names():
+    """The names in the process's C environment (libc's environ)."""
+    import ctypes
+    environ = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    names, i = [], 0
+    while environ[i] is not None:
+        names.append(environ[i].split(b"=", 1)[0])
+        i += 1
+    return names
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "quick: a multi-rank launch that make check runs too "
                             "(one launch per rank count running many cases)")

@@ -16,6 +16,7 @@ import pytest
 
 import hang_guard
 from hpcdl.cli.run import mpirun_command
+from hpcdl.utils.launch import MPI_ENV_VARS
 from hpcdl.utils.mpi_info import launcher_flavour
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,7 +29,7 @@ class MPIRunTimeout(AssertionError):
 def mpi_env(env=None):
     e = dict(os.environ)
     # a test launch must not think it is inside the pytest's own job
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_STEP_ID"):
+    for var in MPI_ENV_VARS + ("SLURM_STEP_ID",):
         e.pop(var, None)
     e["PYTHONUNBUFFERED"] = "1"
     e.update(env or {})

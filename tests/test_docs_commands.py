@@ -26,6 +26,7 @@ import sys
 import pytest
 
 from hpcdl.cli import main as cli_main
+from mpi_harness import mpi_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HPCDL = re.compile(r"^(?:\$ )?(?:\S*/)?hpcdl(?=\s|$)")  # hpcdl, $ hpcdl, .venv/bin/hpcdl
@@ -240,6 +241,7 @@ def test_chosen_commands_train(path, words, flags, tmp_path):
     argv = with_flags(chosen(path, words), flags)
     assert argv[0] == "train" and argv[1] in ("-n", "-np")  # started by hpcdl's launcher
     r = subprocess.run([sys.executable, "-m", "hpcdl"] + argv + ["--out", str(tmp_path)],
-                       capture_output=True, text=True, cwd=REPO, timeout=300)
+                       capture_output=True, text=True, cwd=REPO, timeout=300,
+                       env=mpi_env())  # not inside the job of an MPI singleton in pytest
     assert r.returncode == 0, (argv, r.stdout[-2000:], r.stderr[-2000:])
     assert "# summary" in r.stdout and (tmp_path / "summary.json").exists(), r.stdout

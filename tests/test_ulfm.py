@@ -22,6 +22,7 @@ import hang_guard
 from hpcdl.cli.run import find_launcher
 from hpcdl.comm import fault
 from hpcdl.comm.errors import CoreError, RanksLostError
+from mpi_harness import mpi_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "mpi_scripts", "ulfm_lost_rank.py")
@@ -66,7 +67,7 @@ def test_run_fault_tolerant_flag():
     """On an MPI without ULFM: one line, status 2, nothing started. With ULFM:
     the launcher line carries --with-ft ulfm and the job runs."""
     out = subprocess.run(hpcdl_cmd("run", "-n", "1", "--fault-tolerant", "--", "true"),
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
+                         capture_output=True, text=True, timeout=120, cwd=REPO, env=mpi_env())
     if WHY_NOT is None:
         assert out.returncode == 0, out.stderr
         assert re.search(r"hpcdl run: \S*mpiexec .*--with-ft ulfm", out.stderr), out.stderr
@@ -78,7 +79,7 @@ def test_run_fault_tolerant_flag():
 
 def test_info_says_whether_the_mpi_has_ulfm():
     out = subprocess.run(hpcdl_cmd("info", "--json"), capture_output=True, text=True,
-                         timeout=120, cwd=REPO)
+                         timeout=120, cwd=REPO, env=mpi_env())
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["ulfm"] is (WHY_NOT is None), out.stdout
 
@@ -88,7 +89,7 @@ def test_shrink_without_ulfm_in_force_is_one_clear_error():
     touches anything."""
     code = ("from hpcdl import comm\nc = comm.init()\ntry:\n    c.shrink()\n"
             "except comm.CoreError as e:\n    print('REFUSED', e)\n")
-    env = {k: v for k, v in os.environ.items() if k != "OMPI_MCA_mpi_ft_enable"}
+    env = {k: v for k, v in mpi_env().items() if k != "OMPI_MCA_mpi_ft_enable"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr
@@ -109,10 +110,8 @@ def test_exit_watchdog_ends_a_process_stuck_at_exit():
 
 def launch_kill_case(tmp_path, victim, step, mode, algo, local, after="shrink"):
     """hpcdl run -n 4 --fault-tolerant of ulfm_lost_rank.py; (returncode, output)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HPCDL_LOCAL_SIZE=str(local),
-               OMPI_MCA_osc="^ucx")  # the wheel's osc/ucx finds no device: noise only
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_STEP_ID"):
-        env.pop(var, None)
+    env = mpi_env(dict(HPCDL_LOCAL_SIZE=str(local),
+                       OMPI_MCA_osc="^ucx"))  # the wheel's osc/ucx finds no device: noise only
     cmd = hpcdl_cmd("run", "-n", "4", "--fault-tolerant", "--tracebacks", "--", sys.executable,
                     SCRIPT, victim, str(step), mode, algo, str(tmp_path / "killed"), after)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
