@@ -115,7 +115,7 @@ class Sieve:
         self.out.flush()
 
     def feed(self, line):
-        if self._tb is not None or line.startswith(TRACEBACK):
+        if self._tb is not None or line.startswith(TRACEBACK) or self._tail_of_another(line):
             self._traceback(line)
             return
         if TB_MARK in line:
@@ -146,6 +146,14 @@ class Sieve:
             self._noise([line])
         else:
             self._show(line)
+
+    def _tail_of_another(self, line):
+        """Two ranks' tracebacks can arrive interleaved line by line: the
+        second's header joins the first's block, and its frames come after
+        that block closed. After a plain traceback was taken as a cause, an
+        indented frame line opens a held block again (shown as it came if
+        its last line names nothing known)."""
+        return bool(self._plain) and line.startswith(("  File ", "    "))
 
     def _traceback(self, line):
         if self._tb is None or line.startswith((" ", "\t", TRACEBACK)) or not line.strip():
